@@ -1,0 +1,29 @@
+"""Sparse tables: unbounded int64 keys -> rows of weights, optimizer state and statistics.
+
+NumPy + numba only; no torch. See ``docs`` in :class:`SparseTable`.
+"""
+
+from tnrec.table.init import Initializer, normal, uniform, zeros
+from tnrec.table.keyhash import NUM_BUCKETS, bucket_of, mix64
+from tnrec.table.optimizers import SGD, AdaGrad, Adam, Ftrl, SparseOptimizer, optimizer_from_config
+from tnrec.table.policy import EvictionPolicy
+from tnrec.table.table import SparseTable, TableStats
+
+__all__ = [
+    "NUM_BUCKETS",
+    "SGD",
+    "AdaGrad",
+    "Adam",
+    "EvictionPolicy",
+    "Ftrl",
+    "Initializer",
+    "SparseOptimizer",
+    "SparseTable",
+    "TableStats",
+    "bucket_of",
+    "mix64",
+    "normal",
+    "optimizer_from_config",
+    "uniform",
+    "zeros",
+]

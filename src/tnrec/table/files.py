@@ -1,0 +1,414 @@
+"""Table files: one ``.npy`` per array plus a JSON header, written atomically.
+
+Directory layout (``format="npy"``)::
+
+    path/
+      table.json        header: format version, name, dim, seed, initializer, optimizer,
+                        policy, generation, count, bucket range, sha256 of every file
+      keys.npy          int64[n], ascending
+      weights.npy       float32[n, D]
+      <state>.npy       the optimizer's state arrays (g2sum | m, v, step | z, n)
+      show.npy click.npy  float32[n]
+      unseen_days.npy marker.npy  int32[n]
+
+``format="txt"`` writes ``rows.txt`` instead of the ``.npy`` files: one key per
+line -- key, weights, optimizer state, show, click, unseen days, marker --
+floats as ``%.9g``, which is enough digits for a float32 to read back exactly.
+
+A save writes a temporary sibling directory, fsyncs every file and the
+directory, then renames it into place (on Linux an existing table directory is
+swapped atomically with ``renameat2(RENAME_EXCHANGE)``; elsewhere it is moved
+aside first and :func:`load` falls back to the moved-aside copy). A crash at
+any moment leaves the previous directory loadable. No pickle is read back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import hashlib
+import io
+import json
+import os
+import shutil
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tnrec.errors import (
+    ArgumentError,
+    CheckpointError,
+    ChecksumError,
+    FormatVersionError,
+    MismatchError,
+)
+from tnrec.table.init import Initializer
+from tnrec.table.keyhash import NUM_BUCKETS, bucket_of
+from tnrec.table.optimizers import SparseOptimizer, optimizer_from_config
+from tnrec.table.policy import EvictionPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tnrec.table.table import SparseTable
+
+FORMAT = "tnrec.sparse_table"
+FORMAT_VERSION = 1
+HEADER = "table.json"
+TEXT_ROWS = "rows.txt"
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _array_names(table: SparseTable) -> list[str]:
+    state = [name for name, _, _ in table.optimizer.state_arrays(table.dim)]
+    return ["keys", "weights", *state, "show", "click", "unseen_days", "marker"]
+
+
+def header_of(table: SparseTable) -> dict[str, Any]:
+    """Return the header fields that describe ``table`` (without files and count)."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": table.name,
+        "dim": table.dim,
+        "seed": table.seed,
+        "initializer": table.initializer.to_config(),
+        "optimizer": table.optimizer.to_config(),
+        "policy": table.policy.to_config(),
+        "generation": table.generation,
+    }
+
+
+# ---------------------------------------------------------------------- save
+
+
+def save(
+    table: SparseTable,
+    path: str,
+    *,
+    format: str = "npy",
+    bucket_range: tuple[int, int] | None = None,
+) -> None:
+    """Write ``table`` (or one bucket range of it) to directory ``path`` atomically."""
+    if format not in ("npy", "txt"):
+        raise ArgumentError(f"`format` must be 'npy' or 'txt'. Received: format={format!r}.")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isfile(os.path.join(path, HEADER)):
+        raise ArgumentError(
+            f"Cannot save table {table.name!r} to {path}: it exists and is not a saved table "
+            "(no table.json); refusing to replace it."
+        )
+    keys, rec = table.records()
+    if bucket_range is not None:
+        lo, hi = (int(x) for x in bucket_range)
+        if not 0 <= lo < hi <= NUM_BUCKETS:
+            raise ArgumentError(
+                f"Bucket range must satisfy 0 <= lo < hi <= {NUM_BUCKETS}. Received: lo={lo}, hi={hi}."
+            )
+        b = bucket_of(keys)
+        keep = (b >= lo) & (b < hi)
+        keys, rec = keys[keep], rec[keep]
+    arrays = table.split_records(keys, rec)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
+    os.mkdir(tmp)
+    try:
+        checksums: dict[str, str] = {}
+        if format == "npy":
+            for name in _array_names(table):
+                fname = f"{name}.npy"
+                arr = np.ascontiguousarray(arrays[name])
+                _write_file(os.path.join(tmp, fname), lambda f, a=arr: np.save(f, a, allow_pickle=False))
+                checksums[fname] = _sha256(os.path.join(tmp, fname))
+        else:
+            _write_file(os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays))
+            checksums[TEXT_ROWS] = _sha256(os.path.join(tmp, TEXT_ROWS))
+        header = header_of(table)
+        header.update(
+            {
+                "storage": format,
+                "count": int(keys.shape[0]),
+                "bucket_range": list(bucket_range) if bucket_range is not None else None,
+                "num_buckets": NUM_BUCKETS,
+                "files": checksums,
+            }
+        )
+        body = json.dumps(header, indent=2, sort_keys=True).encode()
+        _write_file(os.path.join(tmp, HEADER), lambda f: f.write(body))
+        _fsync_dir(tmp)
+        _publish(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _renameat2_exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths (Linux); return False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = fn(at_fdcwd, a.encode(), at_fdcwd, b.encode(), rename_exchange)
+    return rc == 0
+
+
+def _publish(tmp: str, path: str) -> None:
+    parent = os.path.dirname(path)
+    if not os.path.exists(path):
+        os.rename(tmp, path)
+    elif _renameat2_exchange(tmp, path):
+        shutil.rmtree(tmp)  # tmp now holds the previous version
+    else:
+        aside = os.path.join(parent, f".{os.path.basename(path)}.old-{uuid.uuid4().hex[:12]}")
+        os.rename(path, aside)
+        os.rename(tmp, path)
+        shutil.rmtree(aside)
+    _fsync_dir(parent)
+
+
+def _write_text(f: io.BufferedWriter, table: SparseTable, arrays: dict[str, np.ndarray]) -> None:
+    cols: list[np.ndarray] = []
+    fmts: list[str] = []
+    for name in _array_names(table):
+        a = arrays[name]
+        a2 = a.reshape(a.shape[0], -1)
+        cols.append(a2)
+        fmts += ["%d" if a.dtype.kind == "i" else "%.9g"] * a2.shape[1]
+    n = arrays["keys"].shape[0]
+    if n == 0:
+        return
+    table_obj = np.empty((n, sum(c.shape[1] for c in cols)), dtype=object)
+    at = 0
+    for c in cols:
+        table_obj[:, at : at + c.shape[1]] = c
+        at += c.shape[1]
+    np.savetxt(f, table_obj, fmt=fmts, delimiter=" ")
+
+
+# ---------------------------------------------------------------------- load
+
+
+def _resolve(path: str) -> str:
+    """Return ``path``, or the moved-aside copy a crash between two renames left behind."""
+    if os.path.isfile(os.path.join(path, HEADER)):
+        return path
+    parent, base = os.path.split(path)
+    if os.path.isdir(parent):
+        for entry in sorted(os.listdir(parent)):
+            if entry.startswith(f".{base}.old-") and os.path.isfile(os.path.join(parent, entry, HEADER)):
+                return os.path.join(parent, entry)
+    raise CheckpointError(f"No saved table at {path}: {os.path.join(path, HEADER)} does not exist.")
+
+
+def read_header(path: str) -> dict[str, Any]:
+    """Read and check the header of a saved table; return it."""
+    path = _resolve(os.path.abspath(os.fspath(path)))
+    fname = os.path.join(path, HEADER)
+    try:
+        with open(fname, encoding="utf-8") as f:
+            header = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"Cannot read table header {fname}: {e}.") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointError(f"{fname} is not a tnrec sparse-table header.")
+    if header.get("format_version") != FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{fname}: format_version {header.get('format_version')!r} is not supported "
+            f"(this tnrec reads {FORMAT_VERSION})."
+        )
+    header["_dir"] = path
+    return header
+
+
+def _verify(header: dict[str, Any]) -> None:
+    for fname, digest in header["files"].items():
+        full = os.path.join(header["_dir"], fname)
+        if not os.path.isfile(full):
+            raise CheckpointError(f"Saved table file {full} is missing.")
+        if _sha256(full) != digest:
+            raise ChecksumError(f"Saved table file {full} is corrupt: its sha256 does not match table.json.")
+
+
+def _read_arrays(header: dict[str, Any], names: list[str], dim: int) -> dict[str, np.ndarray]:
+    d = header["_dir"]
+    if header.get("storage") == "txt":
+        return _read_text(os.path.join(d, TEXT_ROWS), header, names, dim)
+    out = {}
+    for name in names:
+        full = os.path.join(d, f"{name}.npy")
+        try:
+            out[name] = np.load(full, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"Cannot read {full}: {e}.") from None
+    return out
+
+
+def _read_text(full: str, header: dict[str, Any], names: list[str], dim: int) -> dict[str, np.ndarray]:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    opt = optimizer_from_config(header["optimizer"])
+    widths = {"keys": 1, "weights": dim, "show": 1, "click": 1, "unseen_days": 1, "marker": 1}
+    kinds = {"keys": "i8", "unseen_days": "i4", "marker": "i4"}
+    for name, width, dtype in opt.state_arrays(dim):
+        widths[name] = width or 1
+        if dtype == "int32":
+            kinds[name] = "i4"
+    col_names, types = [], {}
+    for name in names:
+        for j in range(widths[name]):
+            cn = f"{name}_{j}"
+            col_names.append(cn)
+            types[cn] = {"i8": pa.int64(), "i4": pa.int32()}.get(kinds.get(name, ""), pa.float64())
+    n = int(header["count"])
+    if n == 0:
+        cols = {}
+    else:
+        try:
+            tbl = pacsv.read_csv(
+                full,
+                read_options=pacsv.ReadOptions(column_names=col_names),
+                parse_options=pacsv.ParseOptions(delimiter=" "),
+                convert_options=pacsv.ConvertOptions(column_types=types),
+            )
+        except (pa.ArrowInvalid, OSError) as e:
+            raise CheckpointError(f"Cannot parse {full}: {e}.") from None
+        cols = {cn: tbl.column(cn).to_numpy() for cn in col_names}
+    out = {}
+    for name in names:
+        k = kinds.get(name, "f4")
+        dt = {"i8": np.int64, "i4": np.int32, "f4": np.float32}[k]
+        parts = [cols[f"{name}_{j}"].astype(dt) for j in range(widths[name])] if n else []
+        if name == "weights" or widths[name] > 1 or name in ("m", "v", "z", "n"):
+            out[name] = np.stack(parts, axis=1) if n else np.empty((0, widths[name]), dt)
+        else:
+            out[name] = parts[0] if n else np.empty(0, dt)
+    return out
+
+
+def _records_from(table: SparseTable, arrays: dict[str, np.ndarray], sel: np.ndarray, full: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    keys = np.ascontiguousarray(arrays["keys"][sel])
+    n = keys.shape[0]
+    rec = np.empty((n, table.dim + table.optimizer.state_width(table.dim) + 4), dtype=np.float32)
+    ints = rec.view(np.int32)
+    col = 0
+    for name in _array_names(table)[1:]:
+        a = np.asarray(arrays[name][sel])
+        width = 1 if a.ndim == 1 else a.shape[1]
+        if a.shape[0] != n:
+            raise CheckpointError(f"{full}: array {name!r} has {a.shape[0]} rows, keys has {n}.")
+        dst = ints if a.dtype == np.int32 else rec
+        dst[:, col : col + width] = a.reshape(n, width)
+        col += width
+    return keys, rec
+
+
+def _check_shapes(header: dict[str, Any], arrays: dict[str, np.ndarray], dim: int) -> None:
+    n = int(header["count"])
+    for name, a in arrays.items():
+        if a.shape[0] != n or (name == "weights" and a.shape[1:] != (dim,)):
+            raise CheckpointError(
+                f"Saved table {header['_dir']}: {name} has shape {a.shape}, expected {n} rows "
+                f"(dim {dim}) as table.json says."
+            )
+
+
+def _select(arrays: dict[str, np.ndarray], key_filter: Callable[..., Any] | None, where: str) -> np.ndarray:
+    keys = np.asarray(arrays["keys"])
+    if key_filter is None:
+        return np.arange(keys.shape[0])
+    mask = np.asarray(key_filter(keys))
+    if mask.dtype != np.bool_ or mask.shape != keys.shape:
+        raise ArgumentError(
+            f"`key_filter` must return a bool mask of shape {keys.shape} for {where}. "
+            f"Received: dtype={mask.dtype}, shape={mask.shape}."
+        )
+    return np.flatnonzero(mask)
+
+
+def load_into(table: SparseTable, path: str, key_filter: Callable[..., Any] | None = None) -> int:
+    """Merge a saved table into ``table``; return the number of rows read."""
+    header = read_header(path)
+    fname = os.path.join(header["_dir"], HEADER)
+    if int(header["dim"]) != table.dim:
+        raise MismatchError(f"{fname}: saved dim {header['dim']} != table {table.name!r} dim {table.dim}.")
+    saved_opt = header["optimizer"].get("type")
+    if saved_opt != type(table.optimizer).__name__:
+        raise MismatchError(
+            f"{fname}: saved optimizer {saved_opt} != table {table.name!r} optimizer "
+            f"{type(table.optimizer).__name__}."
+        )
+    _verify(header)
+    arrays = _read_arrays(header, _array_names(table), table.dim)
+    _check_shapes(header, arrays, table.dim)
+    sel = _select(arrays, key_filter, fname)
+    keys, rec = _records_from(table, arrays, sel, fname)
+    table.write_records(keys, rec)
+    table.generation = max(table.generation, int(header.get("generation", 0)))
+    return int(keys.shape[0])
+
+
+def load(
+    path: str,
+    key_filter: Callable[..., Any] | None = None,
+    *,
+    dim: int | None = None,
+    optimizer: SparseOptimizer | None = None,
+) -> SparseTable:
+    """Build a table from a saved directory (see :meth:`SparseTable.load`)."""
+    from tnrec.table.table import SparseTable
+
+    header = read_header(path)
+    fname = os.path.join(header["_dir"], HEADER)
+    if dim is not None and int(header["dim"]) != dim:
+        raise MismatchError(f"{fname}: saved dim {header['dim']} != expected dim {dim}.")
+    if optimizer is not None and header["optimizer"].get("type") != type(optimizer).__name__:
+        raise MismatchError(
+            f"{fname}: saved optimizer {header['optimizer'].get('type')} != expected "
+            f"{type(optimizer).__name__}."
+        )
+    try:
+        table = SparseTable(
+            int(header["dim"]),
+            optimizer if optimizer is not None else optimizer_from_config(header["optimizer"]),
+            name=str(header["name"]),
+            initializer=Initializer.from_config(header["initializer"]),
+            seed=int(header["seed"]),
+            policy=EvictionPolicy.from_config(header["policy"]),
+        )
+    except (KeyError, TypeError, ArgumentError) as e:
+        raise CheckpointError(f"{fname}: invalid header field: {e}.") from None
+    with contextlib.suppress(KeyError):
+        table.generation = int(header["generation"])
+    load_into(table, header["_dir"], key_filter)
+    return table

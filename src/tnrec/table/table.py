@@ -1,0 +1,506 @@
+"""SparseTable: a hash table from 64-bit keys to rows of weights, optimizer state and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from tnrec.errors import ArgumentError, NonFiniteError, TableKeyError
+from tnrec.table import index, rows
+from tnrec.table.init import Initializer, normal, table_stream_seed
+from tnrec.table.optimizers import SparseOptimizer
+from tnrec.table.policy import EvictionPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+Keys = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """Size figures of a table (see :meth:`SparseTable.stats`)."""
+
+    count: int
+    capacity: int
+    load_factor: float
+    bytes_held: int
+    bytes_per_key: float
+
+
+class SparseTable:
+    """A sparse embedding table: unbounded int64 keys -> rows, updated by a sparse optimizer.
+
+    Every int64 value is a valid key. A row holds the key's weights ``[dim]``,
+    the optimizer's state, ``show`` and ``click`` (float32), days since the last
+    push (int32) and an update marker (the table's :attr:`generation` when the
+    row was created or last pushed, for delta exports).
+
+    The table is not thread-safe: one caller at a time. The numba kernels
+    release the GIL, so other Python threads run while it works.
+
+    Args:
+        dim: embedding dimension ``D`` (>= 1).
+        optimizer: a sparse optimizer config (:class:`AdaGrad`, :class:`Adam`,
+            :class:`Ftrl`, :class:`SGD`).
+        name: the table's name; part of every key's initial vector.
+        initializer: :func:`normal` (default, TensorNet's), :func:`uniform`, :func:`zeros`.
+        seed: part of every key's initial vector.
+        policy: statistics decay rate and eviction tests; the default deletes nothing.
+
+    Example:
+        >>> import numpy as np
+        >>> from tnrec.table import SparseTable, AdaGrad
+        >>> t = SparseTable(4, AdaGrad(learning_rate=0.1), name="user")
+        >>> keys = np.array([7, -1, 2**63 - 1], dtype=np.int64)
+        >>> t.pull(keys).shape
+        (3, 4)
+        >>> t.push(keys, np.ones((3, 4), np.float32), np.ones(3, np.float32), np.zeros(3, np.float32))
+        >>> len(t)
+        3
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        optimizer: SparseOptimizer,
+        *,
+        name: str = "table",
+        initializer: Initializer | None = None,
+        seed: int = 0,
+        policy: EvictionPolicy | None = None,
+    ) -> None:
+        if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
+            raise ArgumentError(
+                f'Table "{name}": `dim` must be a positive int. Received: dim={dim!r}.'
+            )
+        if not isinstance(optimizer, SparseOptimizer):
+            raise ArgumentError(
+                f'Table "{name}": `optimizer` must be a sparse optimizer config '
+                f"(AdaGrad, Adam, Ftrl, SGD). Received: {type(optimizer).__name__}."
+            )
+        if not isinstance(name, str) or not name:
+            raise ArgumentError(f"Table name must be a non-empty str. Received: name={name!r}.")
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+            raise ArgumentError(f'Table "{name}": `seed` must be an int. Received: seed={seed!r}.')
+        initializer = normal() if initializer is None else initializer
+        if not isinstance(initializer, Initializer):
+            raise ArgumentError(
+                f'Table "{name}": `initializer` must come from normal(), uniform() or zeros(). '
+                f"Received: {initializer!r}."
+            )
+        policy = EvictionPolicy() if policy is None else policy
+        if not isinstance(policy, EvictionPolicy):
+            raise ArgumentError(
+                f'Table "{name}": `policy` must be an EvictionPolicy. Received: {policy!r}.'
+            )
+        self.dim = int(dim)
+        self.optimizer = optimizer
+        self.name = name
+        self.initializer = initializer
+        self.seed = int(seed)
+        self.policy = policy
+        self.generation = 0
+        self._state_width = optimizer.state_width(self.dim)
+        self._table_seed = table_stream_seed(self.seed, name)
+        self._store = rows.RowStore(self.dim + self._state_width + 4)
+        self._slot_keys, self._slot_rows = index.new_index(index.MIN_CAPACITY)
+        self._count = 0
+
+    # ------------------------------------------------------------------ info
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseTable(name={self.name!r}, dim={self.dim}, "
+            f"optimizer={type(self.optimizer).__name__}, keys={self._count})"
+        )
+
+    @property
+    def stats_offset(self) -> int:
+        """Column of ``show`` in a row record (``D + S``)."""
+        return self.dim + self._state_width
+
+    def stats(self) -> TableStats:
+        """Return count, index capacity, load factor, bytes held (index + rows), bytes per key."""
+        cap = self._slot_keys.shape[0]
+        held = self._slot_keys.nbytes + self._slot_rows.nbytes + self._store.nbytes()
+        return TableStats(
+            count=self._count,
+            capacity=cap,
+            load_factor=self._count / cap,
+            bytes_held=held,
+            bytes_per_key=held / max(self._count, 1),
+        )
+
+    def keys(self) -> Keys:
+        """Return every key, sorted ascending."""
+        keys, _ = self._entries()
+        return np.sort(keys)
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_keys(self, keys: object, arg: str = "keys") -> Keys:
+        arr = np.asarray(keys)
+        if arr.dtype != np.int64 or arr.ndim != 1:
+            raise ArgumentError(
+                f'Table "{self.name}": `{arg}` must be a 1-D int64 array. '
+                f"Received: dtype={arr.dtype}, shape={arr.shape}."
+            )
+        return np.ascontiguousarray(arr)
+
+    def _check_float(self, a: object, arg: str, shape: tuple[int, ...]) -> np.ndarray:
+        arr = np.asarray(a)
+        if arr.dtype != np.float32 or arr.shape != shape:
+            raise ArgumentError(
+                f'Table "{self.name}": `{arg}` must be a float32 array of shape {shape}. '
+                f"Received: dtype={arr.dtype}, shape={arr.shape}."
+            )
+        return np.ascontiguousarray(arr)
+
+    # ------------------------------------------------------------------ pull
+
+    def pull(self, keys: Keys, create: bool = True) -> npt.NDArray[np.float32]:
+        """Return the weights of ``keys``, creating missing rows when ``create``.
+
+        Args:
+            keys: ``int64[n]``, no key twice.
+            create: create missing keys with the initializer (training); with
+                ``False`` (evaluation, prediction) missing keys read as zeros and
+                nothing is created.
+
+        Returns:
+            ``float32[n, D]``, a copy.
+
+        Raises:
+            ArgumentError: ``keys`` is not a 1-D int64 array.
+            TableKeyError: a key appears more than once.
+        """
+        k = self._check_keys(keys)
+        dups = index.count_duplicates(k)
+        if dups:
+            raise TableKeyError(
+                f'Table "{self.name}": pull got {dups} duplicate key(s) among {k.shape[0]}; '
+                "keys must be unique (de-duplicate the batch first)."
+            )
+        return self.pull_unchecked(k, create)
+
+    def pull_unchecked(self, keys: Keys, create: bool = True) -> npt.NDArray[np.float32]:
+        """Like :meth:`pull` for callers whose keys are unique int64 by construction."""
+        n = keys.shape[0]
+        out = np.empty((n, self.dim), dtype=np.float32)  # [n, D]
+        rws = np.empty(n, dtype=np.int32)
+        st = self._store
+        missing = rows.lookup_gather(
+            self._slot_keys, self._slot_rows, st.chunks, st.shift, st.lmask, keys, rws, out, self.dim
+        )
+        if missing and create:
+            where = np.flatnonzero(rws < 0)
+            new_keys = keys[where]
+            new_rows = self._insert(new_keys)
+            fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
+            rows.gather(st.chunks, st.shift, st.lmask, new_rows, self.dim, fresh)
+            out[where] = fresh
+        return out
+
+    def _insert(self, keys: Keys) -> npt.NDArray[np.int32]:
+        """Insert absent ``keys`` (unique, none present); initialise and return their rows."""
+        n = keys.shape[0]
+        out_rows = np.empty(n, dtype=np.int32)
+        st = self._store
+        start = 0
+        while True:
+            limit = index.max_count(self._slot_keys.shape[0])
+            stop, self._count, st.next_row, st.free_top, _ = index.insert_missing(
+                self._slot_keys, self._slot_rows, keys, out_rows, start, self._count, limit,
+                st.next_row, st.capacity, st.free_rows, st.free_top,
+            )
+            if stop == n:
+                break
+            start = stop
+            if self._count >= limit:
+                self._grow_index(self._count + (n - stop))
+            else:
+                st.add_chunk()
+        created = out_rows < -1
+        out_rows[created] = -2 - out_rows[created]
+        if not created.all():
+            raise RuntimeError("internal error: _insert got keys that were already present")
+        opt = self.optimizer
+        rows.create_rows(
+            st.chunks, st.ichunks, st.shift, st.lmask, keys, out_rows, self._table_seed,
+            self.initializer.code(), self.initializer.param, opt.kind, opt.hyper_params(),
+            self.dim, self._state_width, np.int32(self.generation),
+        )
+        return out_rows
+
+    def _grow_index(self, need: int) -> None:
+        cap = index.capacity_for(need)
+        new_keys, new_rows = index.new_index(cap)
+        index.rehash(self._slot_keys, self._slot_rows, new_keys, new_rows)
+        self._slot_keys, self._slot_rows = new_keys, new_rows
+
+    # ------------------------------------------------------------------ push
+
+    def push(
+        self,
+        keys: Keys,
+        grads: npt.NDArray[np.float32],
+        show: npt.NDArray[np.float32],
+        click: npt.NDArray[np.float32],
+    ) -> None:
+        """Apply one optimizer step to each key's row and add its statistics.
+
+        Every key must be present and appear once; the optimizer rule runs
+        exactly once per key. ``show`` and ``click`` are added to the row's
+        counters, its unseen-days counter is reset to 0 and its marker set to
+        :attr:`generation`. All inputs are validated in one compiled pass
+        before anything is written: on error the table is unchanged.
+
+        Args:
+            keys: ``int64[n]``, unique, present.
+            grads: ``float32[n, D]``, the gradient of each key summed over the step.
+            show: ``float32[n]``, occurrences (or sample-weighted occurrences).
+            click: ``float32[n]``, label-weighted occurrences.
+
+        Raises:
+            ArgumentError: wrong dtype or shape.
+            TableKeyError: unknown or duplicate keys (with their counts).
+            NonFiniteError: NaN or infinite gradient, show or click (with the count of keys).
+        """
+        k = self._check_keys(keys)
+        n = k.shape[0]
+        g = self._check_float(grads, "grads", (n, self.dim))
+        s = self._check_float(show, "show", (n,))
+        c = self._check_float(click, "click", (n,))
+        rws = np.empty(n, dtype=np.int32)
+        st = self._store
+        unknown, dup, bad = rows.validate_push(
+            self._slot_keys, self._slot_rows, k, g, s, c, rws, st.bitmap
+        )
+        if unknown or dup:
+            raise TableKeyError(
+                f'Table "{self.name}": push got {unknown} unknown and {dup} duplicate key(s) '
+                f"among {n}; nothing was updated. Push only keys pulled with create=True, once each."
+            )
+        if bad:
+            raise NonFiniteError(
+                f'Table "{self.name}": push got {bad} key(s) with a NaN or infinite gradient, '
+                "show or click; nothing was updated."
+            )
+        opt = self.optimizer
+        rows.apply_push(
+            st.chunks, st.ichunks, st.shift, st.lmask, rws, g, s, c, opt.kind,
+            opt.hyper_params(), self.dim, self._state_width, np.int32(self.generation),
+        )
+
+    def push_unchecked(
+        self,
+        keys: Keys,
+        grads: npt.NDArray[np.float32],
+        show: npt.NDArray[np.float32],
+        click: npt.NDArray[np.float32],
+    ) -> None:
+        """Like :meth:`push` without validation, for inputs correct by construction.
+
+        The caller guarantees unique present keys, contiguous float32 arrays of
+        the right shapes and finite values. An unknown key is skipped and then
+        reported as an internal error (a bug in the caller).
+        """
+        st = self._store
+        opt = self.optimizer
+        unknown = rows.lookup_apply(
+            self._slot_keys, self._slot_rows, st.chunks, st.ichunks, st.shift, st.lmask, keys,
+            grads, show, click, opt.kind, opt.hyper_params(), self.dim, self._state_width,
+            np.int32(self.generation),
+        )
+        if unknown:
+            raise RuntimeError(
+                f'internal error: table "{self.name}": push_unchecked got {unknown} unknown key(s)'
+            )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def show_decay(self, delta_days: int) -> None:
+        """Decay statistics by elapsed days: ``show, click *= rate**delta_days``; age unseen days.
+
+        Args:
+            delta_days: whole days since the last decay, >= 0.
+
+        Raises:
+            ArgumentError: ``delta_days`` is not an int >= 0.
+        """
+        if not isinstance(delta_days, (int, np.integer)) or isinstance(delta_days, bool) or delta_days < 0:
+            raise ArgumentError(
+                f'Table "{self.name}": `delta_days` must be an int >= 0. Received: {delta_days!r}.'
+            )
+        if delta_days == 0:
+            return
+        factor = float(self.policy.show_decay_rate) ** int(delta_days)
+        st = self._store
+        rows.decay(
+            self._slot_rows, st.chunks, st.ichunks, st.shift, st.lmask, factor, int(delta_days),
+            self.stats_offset,
+        )
+
+    def evict(self) -> int:
+        """Delete the rows the table's policy selects; free their rows for reuse.
+
+        Returns:
+            The number of keys deleted.
+        """
+        p = self.policy
+        if not p.evicts or self._count == 0:
+            return 0
+        st = self._store
+        victims = np.empty(self._count, dtype=np.int64)
+        n = rows.select_evict(
+            self._slot_keys, self._slot_rows, st.chunks, st.ichunks, st.shift, st.lmask,
+            self.stats_offset, p.show_threshold is not None,
+            float(p.show_threshold if p.show_threshold is not None else 0.0),
+            p.max_unseen_days is not None,
+            int(p.max_unseen_days if p.max_unseen_days is not None else 0),
+            p.combine == "all", victims,
+        )
+        return self.delete(victims[:n])
+
+    def delete(self, keys: Keys) -> int:
+        """Delete ``keys`` (absent keys are ignored); return how many were deleted."""
+        k = self._check_keys(keys)
+        st = self._store
+        st.reserve_free_slots(k.shape[0])
+        deleted, st.free_top = index.delete(
+            self._slot_keys, self._slot_rows, k, st.free_rows, st.free_top
+        )
+        self._count -= deleted
+        return int(deleted)
+
+    # ------------------------------------------------------------------ whole rows
+
+    def _entries(self) -> tuple[Keys, npt.NDArray[np.int32]]:
+        keys = np.empty(self._count, dtype=np.int64)
+        rws = np.empty(self._count, dtype=np.int32)
+        n = index.entries(self._slot_keys, self._slot_rows, keys, rws)
+        if n != self._count:
+            raise RuntimeError(f"internal error: index holds {n} keys, count says {self._count}")
+        return keys, rws
+
+    def records(self, keys: Keys | None = None) -> tuple[Keys, npt.NDArray[np.float32]]:
+        """Return ``(keys, records[n, stride])``: whole rows, sorted by key when ``keys`` is None.
+
+        Raises:
+            TableKeyError: a given key is not in the table.
+        """
+        if keys is None:
+            k, rws = self._entries()
+            order = np.argsort(k, kind="stable")
+            k, rws = k[order], rws[order]
+        else:
+            k = self._check_keys(keys)
+            rws = np.empty(k.shape[0], dtype=np.int32)
+            missing = index.lookup(self._slot_keys, self._slot_rows, k, rws)
+            if missing:
+                raise TableKeyError(f'Table "{self.name}": {missing} of {k.shape[0]} keys are unknown.')
+        st = self._store
+        out = np.empty((k.shape[0], st.stride), dtype=np.float32)  # [n, stride]
+        rows.gather_records(st.chunks, st.shift, st.lmask, rws, out)
+        return k, out
+
+    def split_records(self, keys: Keys, rec: npt.NDArray[np.float32]) -> dict[str, np.ndarray]:
+        """Split whole records into named arrays (``keys``, ``weights``, state, stats)."""
+        D = self.dim
+        ints = rec.view(np.int32)
+        out: dict[str, np.ndarray] = {"keys": keys, "weights": np.ascontiguousarray(rec[:, :D])}
+        col = D
+        for name, width, dtype in self.optimizer.state_arrays(D):
+            src = ints if dtype == "int32" else rec
+            if width:
+                out[name] = np.ascontiguousarray(src[:, col : col + width])
+                col += width
+            else:
+                out[name] = np.ascontiguousarray(src[:, col])
+                col += 1
+        out["show"] = np.ascontiguousarray(rec[:, col])
+        out["click"] = np.ascontiguousarray(rec[:, col + 1])
+        out["unseen_days"] = np.ascontiguousarray(ints[:, col + 2])
+        out["marker"] = np.ascontiguousarray(ints[:, col + 3])
+        return out
+
+    def rows(self, keys: Keys | None = None) -> dict[str, np.ndarray]:
+        """Return every array of the rows: keys, weights, optimizer state, show, click, unseen_days, marker.
+
+        Args:
+            keys: the keys to read (all present), or None for every key sorted ascending.
+        """
+        k, rec = self.records(keys)
+        return self.split_records(k, rec)
+
+    def write_records(self, keys: Keys, rec: npt.NDArray[np.float32]) -> None:
+        """Set whole rows (creating absent keys); used by loading. ``keys`` must be unique."""
+        k = self._check_keys(keys)
+        if rec.dtype != np.float32 or rec.shape != (k.shape[0], self._store.stride):
+            raise RuntimeError("internal error: write_records got a block of the wrong shape")
+        rws = np.empty(k.shape[0], dtype=np.int32)
+        index.lookup(self._slot_keys, self._slot_rows, k, rws)
+        absent = np.flatnonzero(rws < 0)
+        if absent.shape[0]:
+            rws[absent] = self._insert(k[absent])
+        st = self._store
+        rows.scatter_records(st.chunks, st.shift, st.lmask, rws, np.ascontiguousarray(rec))
+
+    # ------------------------------------------------------------------ files
+
+    def save(self, path: str, format: str = "npy") -> None:
+        """Save every row to directory ``path`` atomically (see :mod:`tnrec.table.files`)."""
+        from tnrec.table import files
+
+        files.save(self, path, format=format)
+
+    def save_range(self, path: str, lo: int, hi: int, format: str = "npy") -> None:
+        """Save the rows whose ``bucket_of(key)`` is in ``[lo, hi)`` to ``path`` atomically."""
+        from tnrec.table import files
+
+        files.save(self, path, format=format, bucket_range=(lo, hi))
+
+    @classmethod
+    def load(
+        cls,
+        path: str,
+        key_filter: Callable[[Keys], npt.NDArray[np.bool_]] | None = None,
+        *,
+        dim: int | None = None,
+        optimizer: SparseOptimizer | None = None,
+    ) -> SparseTable:
+        """Load a table saved by :meth:`save`; optionally only keys passing ``key_filter``.
+
+        Args:
+            path: the directory written by :meth:`save` or :meth:`save_range`.
+            key_filter: ``f(keys) -> bool mask``; rows whose mask is False are skipped.
+            dim: if given, refuse a table of another dimension.
+            optimizer: if given, refuse a table of another optimizer type; the
+                loaded table uses this config's hyper-parameters.
+
+        Raises:
+            CheckpointError: missing or unreadable files; ChecksumError, FormatVersionError,
+                MismatchError for the specific faults, each naming the file.
+        """
+        from tnrec.table import files
+
+        return files.load(path, key_filter, dim=dim, optimizer=optimizer)
+
+    def load_rows(
+        self, path: str, key_filter: Callable[[Keys], npt.NDArray[np.bool_]] | None = None
+    ) -> int:
+        """Merge the rows saved in ``path`` into this table; return how many were read.
+
+        Saved rows replace rows of the same key. The saved dim and optimizer type
+        must match this table's.
+        """
+        from tnrec.table import files
+
+        return files.load_into(self, path, key_filter)
