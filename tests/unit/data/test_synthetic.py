@@ -1,0 +1,231 @@
+"""Tests of tnrec.data.synthetic: layout, schema, determinism, CTR, churn, AUC, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tnrec.data.synthetic import (
+    CATEGORICAL_COLUMNS,
+    NUMERIC_COLUMNS,
+    SCHEMA,
+    GeneratedData,
+    SyntheticConfig,
+    generate,
+    roc_auc,
+)
+from tnrec.errors import ArgumentError
+
+SMALL = SyntheticConfig(rows_per_day=20_000, num_days=2, test_rows=10_000, seed=7)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> GeneratedData:
+    return generate(tmp_path_factory.mktemp("syn") / "data", SMALL)
+
+
+def _read_day(files: tuple[Path, ...]):
+    import pyarrow as pa
+
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def test_layout_days_and_test_split(small: GeneratedData) -> None:
+    assert small.days == ("2024-05-10", "2024-05-11")
+    assert small.test_day == "2024-05-12"
+    for dt in small.days:
+        assert small.train_files[dt] == (small.out_dir / dt / "part-00000.parquet",)
+    assert small.test_files == (small.out_dir / "test" / "part-00000.parquet",)
+    meta = json.loads((small.out_dir / "_synthetic.json").read_text())
+    assert meta["days"] == list(small.days)
+    assert meta["config"]["rows_per_day"] == 20_000
+    assert meta["optimal_auc"] == small.optimal_auc
+
+
+def test_schema_values_and_row_ids(small: GeneratedData) -> None:
+    tables = [_read_day(small.train_files[dt]) for dt in small.days]
+    tables.append(_read_day(small.test_files))
+    assert [t.num_rows for t in tables] == [20_000, 20_000, 10_000]
+    hex8 = re.compile(r"^[0-9a-f]{8}$")
+    for t in tables:
+        assert t.schema.equals(SCHEMA)
+        assert set(np.unique(t["label"].to_numpy())) <= {0, 1}
+        p = t["p_true"].to_numpy()
+        assert np.all((p > 0) & (p < 1))
+        for c in CATEGORICAL_COLUMNS:
+            values = t[c].drop_null().to_pylist()
+            assert all(hex8.match(v) for v in values[:200]), c
+        for c in NUMERIC_COLUMNS:
+            assert t[c].drop_null().to_numpy().min() >= 0, c
+    # Missing rates close to the config (C19 and I12 are often missing, C1 never).
+    day0 = tables[0]
+    assert day0["C1"].null_count == 0
+    assert day0["C19"].null_count / day0.num_rows == pytest.approx(0.44, abs=0.02)
+    assert day0["I12"].null_count / day0.num_rows == pytest.approx(0.77, abs=0.02)
+    row_ids = np.concatenate([t["row_id"].to_numpy() for t in tables])
+    assert np.unique(row_ids).size == row_ids.size
+
+
+def test_same_seed_same_bytes_other_seed_differs(tmp_path: Path) -> None:
+    cfg = SyntheticConfig(rows_per_day=3_000, num_days=2, parts_per_day=2, seed=3)
+    a = generate(tmp_path / "a", cfg)
+    b = generate(tmp_path / "b", cfg)
+    c = generate(tmp_path / "c", SyntheticConfig(rows_per_day=3_000, num_days=2, seed=4))
+    files_a = sorted(p.relative_to(a.out_dir) for p in a.out_dir.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b.out_dir) for p in b.out_dir.rglob("*") if p.is_file())
+    assert files_a == files_b
+    assert len(files_a) == 2 * 2 + 2 + 1  # 2 parts x 2 days, test split in 2 parts, meta
+    for rel in files_a:
+        assert (a.out_dir / rel).read_bytes() == (b.out_dir / rel).read_bytes(), rel
+    t_a = _read_day(a.train_files["2024-05-10"])
+    t_c = _read_day(c.train_files["2024-05-10"])
+    assert t_a["C3"].to_pylist() != t_c["C3"].to_pylist()
+
+
+def test_parts_split_a_day_contiguously(tmp_path: Path) -> None:
+    cfg = SyntheticConfig(rows_per_day=1_000, num_days=1, parts_per_day=3, row_group_rows=100)
+    data = generate(tmp_path, cfg)
+    files = data.train_files["2024-05-10"]
+    assert [f.name for f in files] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
+    sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
+    assert sizes == [333, 333, 334]
+    assert pq.ParquetFile(files[0]).metadata.num_row_groups == 4
+    row_ids = np.concatenate([pq.read_table(f)["row_id"].to_numpy() for f in files])
+    np.testing.assert_array_equal(row_ids, np.arange(1_000))
+
+
+@pytest.mark.parametrize("base_ctr", [0.03, 0.25], ids=["ctr3", "ctr25"])
+def test_ctr_hits_base(tmp_path: Path, base_ctr: float) -> None:
+    cfg = SyntheticConfig(rows_per_day=40_000, num_days=2, base_ctr=base_ctr, seed=1)
+    data = generate(tmp_path, cfg)
+    day0 = _read_day(data.train_files["2024-05-10"])
+    # The bias is solved on day 0: the mean true probability there is exact.
+    assert day0["p_true"].to_numpy().mean() == pytest.approx(base_ctr, rel=1e-6)
+    for name, ctr in data.ctr_by_day.items():
+        assert ctr == pytest.approx(base_ctr, rel=0.15), name
+
+
+def test_new_id_share_on_day_two(tmp_path: Path) -> None:
+    # Few base ids, so every base id already shows on day 1 and only new ids are unseen.
+    cfg = SyntheticConfig(
+        rows_per_day=20_000,
+        num_days=2,
+        cardinalities=(50,) * 26,
+        new_id_share=0.1,
+        churn_min_cardinality=40,
+        categorical_missing_rates=(0.0,) * 26,
+    )
+    data = generate(tmp_path, cfg)
+    day1 = _read_day(data.train_files["2024-05-10"])
+    day2 = _read_day(data.train_files["2024-05-11"])
+    for col in ("C1", "C26"):
+        seen = set(day1[col].to_pylist())
+        values = day2[col].to_pylist()
+        unseen = np.mean([v not in seen for v in values])
+        assert unseen == pytest.approx(0.1, abs=0.01), col
+        assert len(set(values) - seen) > 500  # many distinct new ids, not one
+
+
+def test_no_churn_below_min_cardinality(tmp_path: Path) -> None:
+    cfg = SyntheticConfig(
+        rows_per_day=20_000, num_days=2, cardinalities=(50,) * 26, churn_min_cardinality=51
+    )
+    data = generate(tmp_path, cfg)
+    day1 = _read_day(data.train_files["2024-05-10"])
+    day2 = _read_day(data.train_files["2024-05-11"])
+    assert set(day2["C1"].to_pylist()) <= set(day1["C1"].to_pylist())
+
+
+def test_optimal_auc_is_auc_of_p_true(small: GeneratedData) -> None:
+    test = _read_day(small.test_files)
+    auc = roc_auc(test["label"].to_numpy(), test["p_true"].to_numpy())
+    assert auc == small.optimal_auc
+    assert 0.65 < small.optimal_auc < 0.95
+
+
+def test_roc_auc_matches_sklearn_with_ties() -> None:
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, size=5_000)
+    s = np.round(rng.random(5_000) + 0.3 * y, 1)  # few distinct values: many ties
+    assert roc_auc(y, s) == pytest.approx(sklearn_metrics.roc_auc_score(y, s), abs=1e-12)
+
+
+def test_roc_auc_small_exact() -> None:
+    # pairs (pos, neg): (0.8, 0.1) win, (0.8, 0.8) tie, (0.4, 0.1) win, (0.4, 0.8) loss
+    assert roc_auc([1, 0, 1, 0], [0.8, 0.1, 0.4, 0.8]) == pytest.approx(2.5 / 4)
+
+
+@pytest.mark.parametrize(
+    ("labels", "scores", "match"),
+    [
+        ([0, 1], [0.1], "same length"),
+        ([0, 2], [0.1, 0.2], "must be 0 or 1"),
+        ([0, 1], [0.1, float("nan")], "must be finite"),
+        ([1, 1], [0.1, 0.2], "needs both classes"),
+    ],
+    ids=["length", "labels", "nan", "one-class"],
+)
+def test_roc_auc_errors(labels: list, scores: list, match: str) -> None:
+    with pytest.raises(ArgumentError, match=match):
+        roc_auc(labels, scores)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rows_per_day": 0}, r"`rows_per_day` must be an int in \[1, .*rows_per_day=0"),
+        ({"num_days": 1.5}, r"`num_days` must be an int"),
+        ({"test_rows": -1}, r"`test_rows` must be an int"),
+        ({"rows_per_day": 10, "parts_per_day": 11}, r"`parts_per_day` must be an int in \[1, 10\]"),
+        ({"seed": -1}, r"`seed` must be an int"),
+        ({"base_ctr": 0.9}, r"`base_ctr` must be a float in \[0.01, 0.5\]"),
+        ({"zipf_exponent": 0.0}, r"`zipf_exponent` must be a float in \(0, 3\]"),
+        ({"new_id_share": 1.0}, r"`new_id_share` must be a float in \[0, 1\)"),
+        ({"start_date": "10/05/2024"}, r"`start_date` must be an ISO date"),
+        ({"cardinalities": (10,) * 25}, r"`cardinalities` must be 26 ints"),
+        ({"cardinalities": (0,) * 26}, r"`cardinalities` must be 26 ints"),
+        ({"categorical_missing_rates": (1.0,) * 26}, r"`categorical_missing_rates` must be 26"),
+        ({"numeric_missing_rates": (0.1,) * 12}, r"`numeric_missing_rates` must be 13"),
+        ({"numeric_log_stds": (0.0,) * 13}, r"`numeric_log_stds` must be 13 positive"),
+        ({"numeric_log_means": (float("inf"),) * 13}, r"`numeric_log_means` must be 13 finite"),
+        ({"numeric_effects": (0.1,) * 14}, r"`numeric_effects` must be 13 finite"),
+        ({"id_weight_stds": ((27, 0.1),)}, r"`id_weight_stds` must be distinct"),
+        ({"id_weight_stds": ((1, 0.1), (1, 0.2))}, r"`id_weight_stds` must be distinct"),
+        ({"crosses": ((3, 3, 0.1),)}, r"`crosses` must be \(column a, column b != a"),
+        ({"crosses": ((1, 2, -0.1),)}, r"`crosses` must be"),
+        (
+            {"rows_per_day": 1 << 30, "num_days": 4},
+            r"ids must fit in 32 bits",
+        ),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
+)
+def test_bad_config_is_refused(kwargs: dict, match: str) -> None:
+    with pytest.raises(ArgumentError, match=match):
+        SyntheticConfig(**kwargs)
+
+
+def test_existing_output_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    cfg = SyntheticConfig(rows_per_day=500, num_days=1, parts_per_day=2)
+    generate(tmp_path, cfg)
+    with pytest.raises(ArgumentError, match=r"already holds generated data .*overwrite=True"):
+        generate(tmp_path, cfg)
+    again = generate(tmp_path, SyntheticConfig(rows_per_day=500, num_days=1), overwrite=True)
+    # The rerun has one part per day: no stale part-00001 is left behind.
+    assert sorted(p.name for p in (tmp_path / "2024-05-10").iterdir()) == ["part-00000.parquet"]
+    assert again.train_files["2024-05-10"] == (tmp_path / "2024-05-10" / "part-00000.parquet",)
+
+
+def test_config_type_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ArgumentError, match="`config` must be a SyntheticConfig"):
+        generate(tmp_path, {"rows_per_day": 10})  # type: ignore[arg-type]
