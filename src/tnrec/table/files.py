@@ -84,6 +84,17 @@ def _write_file(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
         os.fsync(f.fileno())
 
 
+def _npy_writer(arr: np.ndarray) -> Callable[[io.BufferedWriter], None]:
+    def write(f: io.BufferedWriter) -> None:
+        np.save(f, arr, allow_pickle=False)
+
+    return write
+
+
+def _write_bytes(f: io.BufferedWriter, body: bytes) -> None:
+    f.write(body)
+
+
 def _array_names(table: SparseTable) -> list[str]:
     state = [name for name, _, _ in table.optimizer.state_arrays(table.dim)]
     return ["keys", "weights", *state, "show", "click", "unseen_days", "marker"]
@@ -128,7 +139,8 @@ def save(
         lo, hi = (int(x) for x in bucket_range)
         if not 0 <= lo < hi <= NUM_BUCKETS:
             raise ArgumentError(
-                f"Bucket range must satisfy 0 <= lo < hi <= {NUM_BUCKETS}. Received: lo={lo}, hi={hi}."
+                f"Bucket range must satisfy 0 <= lo < hi <= {NUM_BUCKETS}. "
+                f"Received: lo={lo}, hi={hi}."
             )
         b = bucket_of(keys)
         keep = (b >= lo) & (b < hi)
@@ -144,7 +156,7 @@ def save(
             for name in _array_names(table):
                 fname = f"{name}.npy"
                 arr = np.ascontiguousarray(arrays[name])
-                _write_file(os.path.join(tmp, fname), lambda f, a=arr: np.save(f, a, allow_pickle=False))
+                _write_file(os.path.join(tmp, fname), _npy_writer(arr))
                 checksums[fname] = _sha256(os.path.join(tmp, fname))
         else:
             _write_file(os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays))
@@ -160,7 +172,7 @@ def save(
             }
         )
         body = json.dumps(header, indent=2, sort_keys=True).encode()
-        _write_file(os.path.join(tmp, HEADER), lambda f: f.write(body))
+        _write_file(os.path.join(tmp, HEADER), lambda f: _write_bytes(f, body))
         _fsync_dir(tmp)
         _publish(tmp, path)
     except BaseException:
@@ -197,6 +209,9 @@ def _publish(tmp: str, path: str) -> None:
 
 
 def _write_text(f: io.BufferedWriter, table: SparseTable, arrays: dict[str, np.ndarray]) -> None:
+    n = arrays["keys"].shape[0]
+    if n == 0:
+        return
     cols: list[np.ndarray] = []
     fmts: list[str] = []
     for name in _array_names(table):
@@ -204,9 +219,6 @@ def _write_text(f: io.BufferedWriter, table: SparseTable, arrays: dict[str, np.n
         a2 = a.reshape(a.shape[0], -1)
         cols.append(a2)
         fmts += ["%d" if a.dtype.kind == "i" else "%.9g"] * a2.shape[1]
-    n = arrays["keys"].shape[0]
-    if n == 0:
-        return
     table_obj = np.empty((n, sum(c.shape[1] for c in cols)), dtype=object)
     at = 0
     for c in cols:
@@ -225,7 +237,9 @@ def _resolve(path: str) -> str:
     parent, base = os.path.split(path)
     if os.path.isdir(parent):
         for entry in sorted(os.listdir(parent)):
-            if entry.startswith(f".{base}.old-") and os.path.isfile(os.path.join(parent, entry, HEADER)):
+            if entry.startswith(f".{base}.old-") and os.path.isfile(
+                os.path.join(parent, entry, HEADER)
+            ):
                 return os.path.join(parent, entry)
     raise CheckpointError(f"No saved table at {path}: {os.path.join(path, HEADER)} does not exist.")
 
@@ -256,7 +270,9 @@ def _verify(header: dict[str, Any]) -> None:
         if not os.path.isfile(full):
             raise CheckpointError(f"Saved table file {full} is missing.")
         if _sha256(full) != digest:
-            raise ChecksumError(f"Saved table file {full} is corrupt: its sha256 does not match table.json.")
+            raise ChecksumError(
+                f"Saved table file {full} is corrupt: its sha256 does not match table.json."
+            )
 
 
 def _read_arrays(header: dict[str, Any], names: list[str], dim: int) -> dict[str, np.ndarray]:
@@ -273,7 +289,9 @@ def _read_arrays(header: dict[str, Any], names: list[str], dim: int) -> dict[str
     return out
 
 
-def _read_text(full: str, header: dict[str, Any], names: list[str], dim: int) -> dict[str, np.ndarray]:
+def _read_text(
+    full: str, header: dict[str, Any], names: list[str], dim: int
+) -> dict[str, np.ndarray]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -316,7 +334,9 @@ def _read_text(full: str, header: dict[str, Any], names: list[str], dim: int) ->
     return out
 
 
-def _records_from(table: SparseTable, arrays: dict[str, np.ndarray], sel: np.ndarray, full: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+def _records_from(
+    table: SparseTable, arrays: dict[str, np.ndarray], sel: np.ndarray, full: str
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     keys = np.ascontiguousarray(arrays["keys"][sel])
     n = keys.shape[0]
     rec = np.empty((n, table.dim + table.optimizer.state_width(table.dim) + 4), dtype=np.float32)
@@ -343,7 +363,9 @@ def _check_shapes(header: dict[str, Any], arrays: dict[str, np.ndarray], dim: in
             )
 
 
-def _select(arrays: dict[str, np.ndarray], key_filter: Callable[..., Any] | None, where: str) -> np.ndarray:
+def _select(
+    arrays: dict[str, np.ndarray], key_filter: Callable[..., Any] | None, where: str
+) -> np.ndarray:
     keys = np.asarray(arrays["keys"])
     if key_filter is None:
         return np.arange(keys.shape[0])
@@ -361,7 +383,9 @@ def load_into(table: SparseTable, path: str, key_filter: Callable[..., Any] | No
     header = read_header(path)
     fname = os.path.join(header["_dir"], HEADER)
     if int(header["dim"]) != table.dim:
-        raise MismatchError(f"{fname}: saved dim {header['dim']} != table {table.name!r} dim {table.dim}.")
+        raise MismatchError(
+            f"{fname}: saved dim {header['dim']} != table {table.name!r} dim {table.dim}."
+        )
     saved_opt = header["optimizer"].get("type")
     if saved_opt != type(table.optimizer).__name__:
         raise MismatchError(

@@ -78,7 +78,16 @@ def lookup(slot_keys, slot_rows, keys, out_rows):  # pragma: no cover - compiled
 
 @nb.njit(nogil=True, cache=True)
 def insert_missing(
-    slot_keys, slot_rows, keys, out_rows, start, count, limit, next_row, row_capacity, free_rows,
+    slot_keys,
+    slot_rows,
+    keys,
+    out_rows,
+    start,
+    count,
+    limit,
+    next_row,
+    row_capacity,
+    free_rows,
     free_top,
 ):  # pragma: no cover - compiled
     """Insert the absent keys of ``keys[start:]``, allocating rows; fill ``out_rows``.

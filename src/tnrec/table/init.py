@@ -96,10 +96,12 @@ def zeros() -> Initializer:
 
 def table_stream_seed(seed: int, name: str) -> np.uint64:
     """Mix the table's seed and name into the per-table stream seed."""
-    name_hash = int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little")
+    name_hash = int.from_bytes(
+        hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little"
+    )
     s = int(seed) & 0xFFFFFFFFFFFFFFFF
-    with np.errstate(over="ignore"):
-        return mix64_scalar(mix64_scalar(np.uint64(s)) ^ np.uint64(name_hash))
+    mixed = int(mix64_scalar(np.uint64(s)))
+    return np.uint64(int(mix64_scalar(np.uint64(mixed ^ name_hash))))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")

@@ -45,12 +45,16 @@ KIND_FTRL = 3
 
 def _positive(cls: str, name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ArgumentError(f"{cls}: `{name}` must be a positive finite number. Received: {name}={value!r}.")
+        raise ArgumentError(
+            f"{cls}: `{name}` must be a positive finite number. Received: {name}={value!r}."
+        )
 
 
 def _non_negative(cls: str, name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise ArgumentError(f"{cls}: `{name}` must be a finite number >= 0. Received: {name}={value!r}.")
+        raise ArgumentError(
+            f"{cls}: `{name}` must be a finite number >= 0. Received: {name}={value!r}."
+        )
 
 
 def _fraction(cls: str, name: str, value: float) -> None:

@@ -43,12 +43,14 @@ class EvictionPolicy:
         r = self.show_decay_rate
         if not (isinstance(r, (int, float)) and 0.0 < r <= 1.0):
             raise ArgumentError(
-                f"EvictionPolicy: `show_decay_rate` must be in (0, 1]. Received: show_decay_rate={r!r}."
+                "EvictionPolicy: `show_decay_rate` must be in (0, 1]. "
+                f"Received: show_decay_rate={r!r}."
             )
         t = self.show_threshold
         if t is not None and not (isinstance(t, (int, float)) and math.isfinite(t)):
             raise ArgumentError(
-                f"EvictionPolicy: `show_threshold` must be a finite number or None. Received: {t!r}."
+                "EvictionPolicy: `show_threshold` must be a finite number or None. "
+                f"Received: {t!r}."
             )
         d = self.max_unseen_days
         if d is not None and not (isinstance(d, int) and not isinstance(d, bool) and d >= 0):
@@ -57,7 +59,8 @@ class EvictionPolicy:
             )
         if self.combine not in ("any", "all"):
             raise ArgumentError(
-                f"EvictionPolicy: `combine` must be 'any' or 'all'. Received: combine={self.combine!r}."
+                "EvictionPolicy: `combine` must be 'any' or 'all'. "
+                f"Received: combine={self.combine!r}."
             )
 
     @property

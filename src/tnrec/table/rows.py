@@ -96,7 +96,9 @@ def gather(chunks, shift, lmask, rows, D, out):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def lookup_gather(slot_keys, slot_rows, chunks, shift, lmask, keys, rows, out, D):  # pragma: no cover
+def lookup_gather(
+    slot_keys, slot_rows, chunks, shift, lmask, keys, rows, out, D
+):  # pragma: no cover
     """Find each key and copy its weights (zeros when absent); return the absent count."""
     missing = 0
     for i in range(keys.shape[0]):
@@ -140,8 +142,20 @@ def scatter_records(chunks, shift, lmask, rows, block):  # pragma: no cover - co
 
 @nb.njit(nogil=True, cache=True)
 def create_rows(
-    chunks, ichunks, shift, lmask, keys, rows, table_seed, init_kind, init_param, opt_kind, hp, D,
-    S, generation,
+    chunks,
+    ichunks,
+    shift,
+    lmask,
+    keys,
+    rows,
+    table_seed,
+    init_kind,
+    init_param,
+    opt_kind,
+    hp,
+    D,
+    S,
+    generation,
 ):  # pragma: no cover - compiled
     """Initialise new rows: weights from the initializer, fresh state and statistics."""
     for i in range(rows.shape[0]):
@@ -195,7 +209,9 @@ def validate_push(slot_keys, slot_rows, keys, grads, show, click, rows, bitmap):
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _apply_one(chunks, ichunks, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen):  # pragma: no cover
+def _apply_one(
+    chunks, ichunks, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen
+):  # pragma: no cover
     c = chunks[r >> shift]
     ci = ichunks[r >> shift]
     l = r & lmask
@@ -207,15 +223,32 @@ def _apply_one(chunks, ichunks, shift, lmask, r, grads, show, click, i, kind, hp
 
 
 @nb.njit(nogil=True, cache=True)
-def apply_push(chunks, ichunks, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen):  # pragma: no cover
+def apply_push(
+    chunks, ichunks, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen
+):  # pragma: no cover
     """Apply the optimizer and the statistics to ``rows`` (validated by the caller)."""
     for i in range(rows.shape[0]):
-        _apply_one(chunks, ichunks, shift, lmask, rows[i], grads, show, click, i, kind, hp, D, S, gen)
+        _apply_one(
+            chunks, ichunks, shift, lmask, rows[i], grads, show, click, i, kind, hp, D, S, gen
+        )
 
 
 @nb.njit(nogil=True, cache=True)
 def lookup_apply(
-    slot_keys, slot_rows, chunks, ichunks, shift, lmask, keys, grads, show, click, kind, hp, D, S,
+    slot_keys,
+    slot_rows,
+    chunks,
+    ichunks,
+    shift,
+    lmask,
+    keys,
+    grads,
+    show,
+    click,
+    kind,
+    hp,
+    D,
+    S,
     gen,
 ):  # pragma: no cover - compiled
     """Unchecked push: find each key and update it in one pass; return the unknown count."""
@@ -247,8 +280,19 @@ def decay(slot_rows, chunks, ichunks, shift, lmask, factor, delta_days, base):  
 
 @nb.njit(nogil=True, cache=True)
 def select_evict(
-    slot_keys, slot_rows, chunks, ichunks, shift, lmask, base, use_show, show_threshold, use_days,
-    max_days, combine_all, out_keys,
+    slot_keys,
+    slot_rows,
+    chunks,
+    ichunks,
+    shift,
+    lmask,
+    base,
+    use_show,
+    show_threshold,
+    use_days,
+    max_days,
+    combine_all,
+    out_keys,
 ):  # pragma: no cover - compiled
     """Write the keys the policy deletes to ``out_keys``; return how many."""
     n = 0

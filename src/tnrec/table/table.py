@@ -26,6 +26,7 @@ class TableStats:
 
     count: int
     capacity: int
+    rows_allocated: int
     load_factor: float
     bytes_held: int
     bytes_per_key: float
@@ -58,7 +59,8 @@ class SparseTable:
         >>> keys = np.array([7, -1, 2**63 - 1], dtype=np.int64)
         >>> t.pull(keys).shape
         (3, 4)
-        >>> t.push(keys, np.ones((3, 4), np.float32), np.ones(3, np.float32), np.zeros(3, np.float32))
+        >>> ones = np.ones(3, np.float32)
+        >>> t.push(keys, np.ones((3, 4), np.float32), ones, ones)
         >>> len(t)
         3
     """
@@ -127,12 +129,16 @@ class SparseTable:
         return self.dim + self._state_width
 
     def stats(self) -> TableStats:
-        """Return count, index capacity, load factor, bytes held (index + rows), bytes per key."""
+        """Return count, index capacity, rows allocated, load factor, bytes held, bytes per key.
+
+        ``bytes_held`` counts the index, every allocated row chunk and the free list.
+        """
         cap = self._slot_keys.shape[0]
         held = self._slot_keys.nbytes + self._slot_rows.nbytes + self._store.nbytes()
         return TableStats(
             count=self._count,
             capacity=cap,
+            rows_allocated=self._store.capacity,
             load_factor=self._count / cap,
             bytes_held=held,
             bytes_per_key=held / max(self._count, 1),
@@ -197,7 +203,15 @@ class SparseTable:
         rws = np.empty(n, dtype=np.int32)
         st = self._store
         missing = rows.lookup_gather(
-            self._slot_keys, self._slot_rows, st.chunks, st.shift, st.lmask, keys, rws, out, self.dim
+            self._slot_keys,
+            self._slot_rows,
+            st.chunks,
+            st.shift,
+            st.lmask,
+            keys,
+            rws,
+            out,
+            self.dim,
         )
         if missing and create:
             where = np.flatnonzero(rws < 0)
@@ -217,8 +231,17 @@ class SparseTable:
         while True:
             limit = index.max_count(self._slot_keys.shape[0])
             stop, self._count, st.next_row, st.free_top, _ = index.insert_missing(
-                self._slot_keys, self._slot_rows, keys, out_rows, start, self._count, limit,
-                st.next_row, st.capacity, st.free_rows, st.free_top,
+                self._slot_keys,
+                self._slot_rows,
+                keys,
+                out_rows,
+                start,
+                self._count,
+                limit,
+                st.next_row,
+                st.capacity,
+                st.free_rows,
+                st.free_top,
             )
             if stop == n:
                 break
@@ -233,9 +256,20 @@ class SparseTable:
             raise RuntimeError("internal error: _insert got keys that were already present")
         opt = self.optimizer
         rows.create_rows(
-            st.chunks, st.ichunks, st.shift, st.lmask, keys, out_rows, self._table_seed,
-            self.initializer.code(), self.initializer.param, opt.kind, opt.hyper_params(),
-            self.dim, self._state_width, np.int32(self.generation),
+            st.chunks,
+            st.ichunks,
+            st.shift,
+            st.lmask,
+            keys,
+            out_rows,
+            self._table_seed,
+            self.initializer.code(),
+            self.initializer.param,
+            opt.kind,
+            opt.hyper_params(),
+            self.dim,
+            self._state_width,
+            np.int32(self.generation),
         )
         return out_rows
 
@@ -286,7 +320,8 @@ class SparseTable:
         if unknown or dup:
             raise TableKeyError(
                 f'Table "{self.name}": push got {unknown} unknown and {dup} duplicate key(s) '
-                f"among {n}; nothing was updated. Push only keys pulled with create=True, once each."
+                f"among {n}; nothing was updated. "
+                "Push only keys pulled with create=True, once each."
             )
         if bad:
             raise NonFiniteError(
@@ -295,8 +330,19 @@ class SparseTable:
             )
         opt = self.optimizer
         rows.apply_push(
-            st.chunks, st.ichunks, st.shift, st.lmask, rws, g, s, c, opt.kind,
-            opt.hyper_params(), self.dim, self._state_width, np.int32(self.generation),
+            st.chunks,
+            st.ichunks,
+            st.shift,
+            st.lmask,
+            rws,
+            g,
+            s,
+            c,
+            opt.kind,
+            opt.hyper_params(),
+            self.dim,
+            self._state_width,
+            np.int32(self.generation),
         )
 
     def push_unchecked(
@@ -315,8 +361,20 @@ class SparseTable:
         st = self._store
         opt = self.optimizer
         unknown = rows.lookup_apply(
-            self._slot_keys, self._slot_rows, st.chunks, st.ichunks, st.shift, st.lmask, keys,
-            grads, show, click, opt.kind, opt.hyper_params(), self.dim, self._state_width,
+            self._slot_keys,
+            self._slot_rows,
+            st.chunks,
+            st.ichunks,
+            st.shift,
+            st.lmask,
+            keys,
+            grads,
+            show,
+            click,
+            opt.kind,
+            opt.hyper_params(),
+            self.dim,
+            self._state_width,
             np.int32(self.generation),
         )
         if unknown:
@@ -335,7 +393,11 @@ class SparseTable:
         Raises:
             ArgumentError: ``delta_days`` is not an int >= 0.
         """
-        if not isinstance(delta_days, (int, np.integer)) or isinstance(delta_days, bool) or delta_days < 0:
+        if (
+            not isinstance(delta_days, (int, np.integer))
+            or isinstance(delta_days, bool)
+            or delta_days < 0
+        ):
             raise ArgumentError(
                 f'Table "{self.name}": `delta_days` must be an int >= 0. Received: {delta_days!r}.'
             )
@@ -344,7 +406,13 @@ class SparseTable:
         factor = float(self.policy.show_decay_rate) ** int(delta_days)
         st = self._store
         rows.decay(
-            self._slot_rows, st.chunks, st.ichunks, st.shift, st.lmask, factor, int(delta_days),
+            self._slot_rows,
+            st.chunks,
+            st.ichunks,
+            st.shift,
+            st.lmask,
+            factor,
+            int(delta_days),
             self.stats_offset,
         )
 
@@ -360,12 +428,19 @@ class SparseTable:
         st = self._store
         victims = np.empty(self._count, dtype=np.int64)
         n = rows.select_evict(
-            self._slot_keys, self._slot_rows, st.chunks, st.ichunks, st.shift, st.lmask,
-            self.stats_offset, p.show_threshold is not None,
+            self._slot_keys,
+            self._slot_rows,
+            st.chunks,
+            st.ichunks,
+            st.shift,
+            st.lmask,
+            self.stats_offset,
+            p.show_threshold is not None,
             float(p.show_threshold if p.show_threshold is not None else 0.0),
             p.max_unseen_days is not None,
             int(p.max_unseen_days if p.max_unseen_days is not None else 0),
-            p.combine == "all", victims,
+            p.combine == "all",
+            victims,
         )
         return self.delete(victims[:n])
 
@@ -405,7 +480,9 @@ class SparseTable:
             rws = np.empty(k.shape[0], dtype=np.int32)
             missing = index.lookup(self._slot_keys, self._slot_rows, k, rws)
             if missing:
-                raise TableKeyError(f'Table "{self.name}": {missing} of {k.shape[0]} keys are unknown.')
+                raise TableKeyError(
+                    f'Table "{self.name}": {missing} of {k.shape[0]} keys are unknown.'
+                )
         st = self._store
         out = np.empty((k.shape[0], st.stride), dtype=np.float32)  # [n, stride]
         rows.gather_records(st.chunks, st.shift, st.lmask, rws, out)
@@ -432,7 +509,7 @@ class SparseTable:
         return out
 
     def rows(self, keys: Keys | None = None) -> dict[str, np.ndarray]:
-        """Return every array of the rows: keys, weights, optimizer state, show, click, unseen_days, marker.
+        """Return the rows as arrays: keys, weights, state, show, click, unseen_days, marker.
 
         Args:
             keys: the keys to read (all present), or None for every key sorted ascending.
