@@ -1,0 +1,52 @@
+"""Data: readers from raw files to hashed batches (NumPy/Arrow only, no torch).
+
+Readers for Parquet, CSV/TSV with a schema and the raw Criteo format all yield
+the same :class:`Batch`; they split across workers, shuffle deterministically,
+read ahead in a background thread and resume from a JSON-ready position.
+
+Example:
+    >>> import tnrec as tn
+    >>> files = tn.data.list_files("data", days=["2024-05-10"], pattern="*.parquet")
+    >>> reader = tn.data.read_parquet(files, tn.data.criteo_columns(), batch_size=4096)
+    >>> for batch in reader.split(rank, world_size):
+    ...     batch.keys("C1"), batch.offsets("C1"), batch.dense, batch.labels
+"""
+
+from tnrec.data.batch import Batch, Jagged
+from tnrec.data.decode import Schema, make_schema, to_batch
+from tnrec.data.files import Unit, expand_paths, list_files
+from tnrec.data.reader import POSITION_VERSION, Reader, ReaderStats
+from tnrec.data.readers import (
+    CRITEO_CATEGORICAL,
+    CRITEO_FIELDS,
+    CRITEO_LABEL,
+    CRITEO_NUMERIC,
+    criteo_columns,
+    read_criteo,
+    read_csv,
+    read_parquet,
+)
+from tnrec.data.sources import ROW_BITS
+
+__all__ = [
+    "CRITEO_CATEGORICAL",
+    "CRITEO_FIELDS",
+    "CRITEO_LABEL",
+    "CRITEO_NUMERIC",
+    "POSITION_VERSION",
+    "ROW_BITS",
+    "Batch",
+    "Jagged",
+    "Reader",
+    "ReaderStats",
+    "Schema",
+    "Unit",
+    "criteo_columns",
+    "expand_paths",
+    "list_files",
+    "make_schema",
+    "read_criteo",
+    "read_csv",
+    "read_parquet",
+    "to_batch",
+]
