@@ -119,10 +119,18 @@ def check_split(rank: object, world_size: object) -> tuple[int, int]:
         ArgumentError: ``world_size < 1`` or ``rank`` outside ``[0, world_size)``.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
-        raise ArgumentError(f"`world_size` must be an int >= 1. Received: world_size={world_size!r}.")
+        raise ArgumentError(
+            f"`world_size` must be an int >= 1. Received: world_size={world_size!r}."
+        )
     if world_size < 1:
-        raise ArgumentError(f"`world_size` must be an int >= 1. Received: world_size={world_size!r}.")
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
+        raise ArgumentError(
+            f"`world_size` must be an int >= 1. Received: world_size={world_size!r}."
+        )
+    if (
+        isinstance(rank, bool)
+        or not isinstance(rank, (int, np.integer))
+        or not 0 <= rank < world_size
+    ):
         raise ArgumentError(
             f"`rank` must be an int in [0, world_size={world_size}). Received: rank={rank!r}."
         )

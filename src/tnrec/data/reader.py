@@ -187,7 +187,8 @@ class Reader:
                 )
         if on_bad_row not in ("raise", "skip"):
             raise ArgumentError(
-                f'Reader: `on_bad_row` must be "raise" or "skip". Received: on_bad_row={on_bad_row!r}.'
+                'Reader: `on_bad_row` must be "raise" or "skip". '
+                f"Received: on_bad_row={on_bad_row!r}."
             )
         self._files = list(files)
         self._source = source
@@ -446,7 +447,9 @@ class Reader:
                     pieces.append((upos, rows, batch))
                     have += batch.size
                 while have >= self._window_rows:
-                    yield self._cut(index, pieces, self._window_rows, (upos, chunk.end_row), bad, missing)
+                    yield self._cut(
+                        index, pieces, self._window_rows, (upos, chunk.end_row), bad, missing
+                    )
                     index += 1
                     have -= self._window_rows
                     bad, missing = 0, Counter()
@@ -488,4 +491,3 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return -1
-

@@ -153,7 +153,8 @@ def read_csv(
         raise ArgumentError("read_csv: `field_names` is required when header=False.")
     if value_sep is not None and (not isinstance(value_sep, str) or not value_sep):
         raise ArgumentError(
-            f"read_csv: `value_sep` must be a non-empty str or None. Received: value_sep={value_sep!r}."
+            "read_csv: `value_sep` must be a non-empty str or None. "
+            f"Received: value_sep={value_sep!r}."
         )
     if value_sep is None:
         for col in columns:
@@ -164,9 +165,7 @@ def read_csv(
                     "(the separator of its values in a field)."
                 )
     schema = make_schema(columns, label, weight)
-    source = TextSource(
-        delimiter=delimiter, header=header, field_names=field_names, quoting=True
-    )
+    source = TextSource(delimiter=delimiter, header=header, field_names=field_names, quoting=True)
     return Reader(
         expand_paths(paths),
         source,

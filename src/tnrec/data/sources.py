@@ -74,7 +74,9 @@ class ParquetSource:
         have = set(pf.schema_arrow.names)
         absent = [f for f in fields if f not in have]
         if absent:
-            raise DataError(f'file "{unit.path}": has no field "{absent[0]}" (it has {sorted(have)}).')
+            raise DataError(
+                f'file "{unit.path}": has no field "{absent[0]}" (it has {sorted(have)}).'
+            )
         sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         group_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         groups = unit.row_groups if unit.row_groups is not None else range(md.num_row_groups)
@@ -99,9 +101,7 @@ class ParquetSource:
                     skip = 0
                 local = in_group + np.arange(rb.num_rows, dtype=np.int64)  # [B] row in group
                 in_group += rb.num_rows
-                yield Chunk(
-                    rb, unit_row + local, group_start[g] + local, unit_row + in_group
-                )
+                yield Chunk(rb, unit_row + local, group_start[g] + local, unit_row + in_group)
             unit_row += sizes[g]
 
     def locate(self, unit: Unit, file_row: int) -> str:
@@ -237,7 +237,9 @@ class TextSource:
         names, _, _ = self._file_info(unit.path)
         absent = [f for f in fields if f not in names]
         if absent:
-            raise DataError(f'file "{unit.path}": has no field "{absent[0]}" (it has {list(names)}).')
+            raise DataError(
+                f'file "{unit.path}": has no field "{absent[0]}" (it has {list(names)}).'
+            )
         lo, hi, base = self._bounds(unit)
         if lo >= hi:
             return
@@ -301,7 +303,9 @@ class TextSource:
                 schema = pa.schema([(f, pa.string()) for f in fields])
                 none = np.zeros(0, np.int64)
                 empty = pa.RecordBatch.from_pylist([], schema=schema)
-                yield Chunk(empty, none, none, end, [(base + r, w) for r, w in dropped[seen_dropped:]])
+                yield Chunk(
+                    empty, none, none, end, [(base + r, w) for r, w in dropped[seen_dropped:]]
+                )
         finally:
             stream.close()
 

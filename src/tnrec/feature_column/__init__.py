@@ -11,7 +11,7 @@ Example:
     True
 """
 
-from tnrec.feature_column._hash import HASH_NAME, mix64, name_hash
+from tnrec.feature_column._hash import HASH_NAME, fnv1a64, name_hash
 from tnrec.feature_column.arrow import (
     Bags,
     bucket_keys,
@@ -20,8 +20,8 @@ from tnrec.feature_column.arrow import (
     numeric_values,
 )
 from tnrec.feature_column.columns import (
-    BucketizedColumn,
     Bucketize,
+    BucketizedColumn,
     CategoricalColumn,
     CategoryColumn,
     Column,
@@ -62,10 +62,10 @@ __all__ = [
     "categorical_bags",
     "category_column",
     "embedding_column",
+    "fnv1a64",
     "from_spec",
     "hash_values",
     "log1p",
-    "mix64",
     "name_hash",
     "numeric_column",
     "numeric_values",

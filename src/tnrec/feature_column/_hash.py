@@ -16,9 +16,8 @@ must never change for a given name, since saved tables are indexed by it::
     dtype="int": key = mix64(mix64(uint64(value)) ^ h_col)
     dtype="str": key = mix64(fnv1a64(utf8(value)) ^ h_col)
 
-Keys are the uint64 results reinterpreted as int64. ``mix64`` is the same
-function as ``tnrec.table.mix64`` (routing), written here again so that this
-layer does not depend on the table layer's import time.
+Keys are the uint64 results reinterpreted as int64. ``mix64`` is the table
+layer's mixer (``tnrec.table.mix64``, the one routing keys to buckets).
 
 Every kernel works on whole arrays (Arrow buffers viewed as NumPy), compiled
 with ``nogil`` so a prefetch thread runs them in parallel with training.
@@ -30,56 +29,22 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from tnrec.table.keyhash import mix64_scalar as _mix64
+
 HASH_NAME = "splitmix64-fnv1a64/1"
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
 
-_JIT = {"nogil": True, "cache": True}
 
 
-@numba.njit(**_JIT)
-def _mix64(x: np.uint64) -> np.uint64:
-    z = x + _GOLDEN
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
-
-
-@numba.njit(**_JIT)
+@numba.njit(nogil=True, cache=True)
 def _fnv1a64(data: npt.NDArray[np.uint8], start: int, stop: int) -> np.uint64:
     h = _FNV_OFFSET
     for i in range(start, stop):
         h = (h ^ np.uint64(data[i])) * _FNV_PRIME
     return h
-
-
-@numba.njit(**_JIT)
-def _mix64_array(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    out = np.empty(values.shape[0], dtype=np.uint64)
-    for i in range(values.shape[0]):
-        out[i] = _mix64(values[i])
-    return out
-
-
-def mix64(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Apply the splitmix64 finalizer to every int64 (wrapping uint64 arithmetic).
-
-    Args:
-        values: integers, viewed as uint64.
-
-    Returns:
-        ``int64[n]``: the mixed values reinterpreted as int64.
-    """
-    arr = np.ascontiguousarray(np.asarray(values, dtype=np.int64).reshape(-1))
-    return _mix64_array(arr.view(np.uint64)).view(np.int64)
 
 
 def name_hash(identity: str) -> int:
@@ -94,7 +59,7 @@ def fnv1a64(value: bytes) -> int:
     return int(_fnv1a64(data, 0, data.shape[0]))
 
 
-@numba.njit(**_JIT)
+@numba.njit(nogil=True, cache=True)
 def bags_int(
     row_offsets: npt.NDArray[np.int64],
     values: npt.NDArray[np.uint64],
@@ -130,7 +95,7 @@ def bags_int(
     return keys, offsets
 
 
-@numba.njit(**_JIT)
+@numba.njit(nogil=True, cache=True)
 def bags_str(
     row_offsets: npt.NDArray[np.int64],
     str_offsets: npt.NDArray[np.int64],
@@ -167,7 +132,7 @@ def bags_str(
     return keys, offsets
 
 
-@numba.njit(**_JIT)
+@numba.njit(nogil=True, cache=True)
 def parse_int_strings(
     str_offsets: npt.NDArray[np.int64],
     data: npt.NDArray[np.uint8],
@@ -221,7 +186,7 @@ def parse_int_strings(
     return values, present, bad
 
 
-@numba.njit(**_JIT)
+@numba.njit(nogil=True, cache=True)
 def any_per_row(
     row_offsets: npt.NDArray[np.int64], flags: npt.NDArray[np.bool_]
 ) -> npt.NDArray[np.bool_]:

@@ -73,15 +73,16 @@ def _string_buffers(
     itemsize = 8 if wide else 4
     bufs = arr.buffers()
     offsets = np.frombuffer(
-        bufs[1], dtype=np.int64 if wide else np.int32, count=len(arr) + 1, offset=arr.offset * itemsize
+        bufs[1],
+        dtype=np.int64 if wide else np.int32,
+        count=len(arr) + 1,
+        offset=arr.offset * itemsize,
     ).astype(np.int64)
     data = np.zeros(0, np.uint8) if bufs[2] is None else np.frombuffer(bufs[2], dtype=np.uint8)
     return offsets, data, _valid(arr)
 
 
-def _flatten(
-    arr: pa.Array, value_sep: str | None
-) -> tuple[npt.NDArray[np.int64], pa.Array]:
+def _flatten(arr: pa.Array, value_sep: str | None) -> tuple[npt.NDArray[np.int64], pa.Array]:
     """Return (row_offsets[B+1], values[M]) for list, split-text or scalar columns."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -190,7 +191,9 @@ def categorical_bags(
         if pa.types.is_null(values.type):
             values = values.cast(pa.int64())
         vals, present, bad_values = _int_values(values, column.key, where)
-        keys_u, out_offsets = _hash.bags_int(row_offsets, vals, present, col_hash, column.max_length)
+        keys_u, out_offsets = _hash.bags_int(
+            row_offsets, vals, present, col_hash, column.max_length
+        )
     bad = None
     if bad_values is not None and bad_values.any():
         bad = _hash.any_per_row(row_offsets, bad_values)
@@ -236,8 +239,11 @@ def numeric_values(
             good = pc.fill_null(pc.match_substring_regex(array, _FLOAT_RE), False)
             bad = _valid(array) & ~np.asarray(good.to_numpy(zero_copy_only=False), dtype=np.bool_)
             floats = pc.cast(pc.if_else(good, array, pa.scalar(None, t)), pa.float64())
-    elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or (
-        pa.types.is_decimal(t) or pa.types.is_null(t)
+    elif (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or (pa.types.is_decimal(t) or pa.types.is_null(t))
     ):
         floats = pc.cast(array, pa.float64())
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -143,7 +143,7 @@ class Bucketize:
         return np.searchsorted(np.asarray(self.boundaries), x, side="right").astype(np.int64)
 
 
-Transform = Union[Log1p, Standardize, Bucketize]
+Transform = Log1p | Standardize | Bucketize
 
 
 def log1p() -> Log1p:
@@ -245,7 +245,7 @@ class BucketizedColumn:
         return Bucketize(self.boundaries).bucket(x)
 
 
-CategoricalColumn = Union[CategoryColumn, SequenceCategoryColumn, BucketizedColumn]
+CategoricalColumn = CategoryColumn | SequenceCategoryColumn | BucketizedColumn
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,9 @@ class EmbeddingColumn:
         return self.categorical.key
 
 
-Column = Union[CategoryColumn, SequenceCategoryColumn, BucketizedColumn, NumericColumn, EmbeddingColumn]
+Column = (
+    CategoryColumn | SequenceCategoryColumn | BucketizedColumn | NumericColumn | EmbeddingColumn
+)
 
 
 # --------------------------------------------------------------------------- constructors

@@ -147,7 +147,7 @@ def _column_from_json(doc: Any) -> Column:
     if not isinstance(doc, Mapping):
         raise SpecError(f"feature spec: a column must be an object. Received: {doc!r}.")
     kind = doc.get("type")
-    where = f'column {doc.get("key", "?")!r}'
+    where = f"column {doc.get('key', '?')!r}"
     if kind == "category":
         return category_column(
             _field(doc, "key", where),

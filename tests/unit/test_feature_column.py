@@ -1,0 +1,382 @@
+"""Tests of tnrec.feature_column: pinned keys, canonical forms, columns, the spec."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tnrec.feature_column as fc
+from tnrec.errors import DataError, SpecError
+
+MASK = (1 << 64) - 1
+
+
+# ----------------------------------------------------------------- a pure-Python reference
+
+
+def ref_mix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def ref_fnv(b: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for c in b:
+        h = ((h ^ c) * 0x100000001B3) & MASK
+    return h
+
+
+def signed(u: int) -> int:
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+def ref_int_key(identity: str, v: int) -> int:
+    return signed(ref_mix64(ref_mix64(v & MASK) ^ ref_fnv(identity.encode())))
+
+
+def ref_str_key(identity: str, s: str) -> int:
+    return signed(ref_mix64(ref_fnv(s.encode()) ^ ref_fnv(identity.encode())))
+
+
+# ----------------------------------------------------------------- pinned values
+
+
+def test_fnv1a64_standard_vectors():
+    assert fc.fnv1a64(b"") == 0xCBF29CE484222325
+    assert fc.fnv1a64(b"a") == 0xAF63DC4C8601EC8C
+    assert fc.fnv1a64(b"foobar") == 0x85944171F73967E8
+
+
+def test_int_keys_are_pinned():
+    keys = fc.hash_values(fc.category_column("user_id"), [0, 1, 42, -7, 2**63 - 1])
+    assert keys.dtype == np.int64
+    assert keys.tolist() == [
+        8233407312289914754,
+        -3683426646721054315,
+        8837641390516011126,
+        3003126013020702352,
+        -2565247920832581375,
+    ]
+
+
+def test_str_keys_are_pinned():
+    keys = fc.hash_values(fc.category_column("item", dtype="str"), ["a", "hello", "é", "68fd1e64"])
+    assert keys.tolist() == [
+        -1433017679479366740,
+        -8584190181792437941,
+        1318764609667117593,
+        -8732117669631031383,
+    ]
+
+
+def test_bucketized_keys_are_pinned():
+    col = fc.numeric_column("age", transform=fc.bucketize([18, 30]))
+    assert fc.hash_values(col, [10, 18, 40]).tolist() == [
+        8370320545691315834,
+        6587421455086185048,
+        -3181271792292183427,
+    ]
+
+
+def test_mixer_is_the_table_mixer():
+    from tnrec.table import mix64
+
+    v = np.array([0, 1, -1, 123456789], dtype=np.int64)
+    assert [int(x) for x in mix64(v)] == [ref_mix64(int(x) & MASK) for x in v]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.text(min_size=1, max_size=12),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=20),
+    st.lists(st.text(min_size=1, max_size=10), max_size=20),
+)
+def test_keys_match_the_reference(identity, ints, strs):
+    got_i = fc.hash_values(
+        fc.category_column("k", embedding_share=identity), pa.array(ints, pa.int64())
+    )
+    assert got_i.tolist() == [ref_int_key(identity, v) for v in ints]
+    got_s = fc.hash_values(fc.category_column("k", dtype="str", embedding_share=identity), strs)
+    assert got_s.tolist() == [ref_str_key(identity, s) for s in strs]
+
+
+# ----------------------------------------------------------------- canonical forms, identity
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pa.array([123, -5], pa.int64()),
+        pa.array([123, -5], pa.int32()),
+        pa.array([123.0, -5.0]),
+        pa.array(["123", "-5"]),
+        pa.array(["123.0", "-5.000"]),
+        pa.array(["+123", "-5."]),
+        pa.array(["123", "-5"], pa.large_string()),
+        pa.array(["123", "-5"]).dictionary_encode(),
+    ],
+    ids=["int64", "int32", "float", "text", "text-dot-zero", "text-sign", "large-text", "dict"],
+)
+def test_int_canonical_forms_give_one_key(raw):
+    col = fc.category_column("c")
+    assert fc.hash_values(col, raw).tolist() == [ref_int_key("c", 123), ref_int_key("c", -5)]
+
+
+def test_str_column_reads_ints_as_decimal_text():
+    col = fc.category_column("c", dtype="str")
+    assert fc.hash_values(col, [7, 10]).tolist() == fc.hash_values(col, ["7", "10"]).tolist()
+
+
+def test_columns_differ_unless_shared():
+    a = fc.category_column("a")
+    b = fc.category_column("b")
+    sa = fc.category_column("a", embedding_share="g")
+    sb = fc.category_column("b", embedding_share="g")
+    assert fc.hash_values(a, [1])[0] != fc.hash_values(b, [1])[0]
+    assert fc.hash_values(sa, [1])[0] == fc.hash_values(sb, [1])[0]
+
+
+@pytest.mark.parametrize(
+    "text", ["12.5", "abc", "1e3", " 1", "-", "", "9223372036854775808", "99999999999999999999"]
+)
+def test_unparsable_int_text_is_bad_or_missing(text):
+    bags = fc.categorical_bags(fc.category_column("c"), pa.array([text, "1"]))
+    assert bags.offsets.tolist() == [0, 0, 1]
+    if text == "":
+        assert bags.bad is None and bags.missing == 1
+    else:
+        assert bags.bad is not None and bags.bad.tolist() == [True, False]
+
+
+def test_int64_extremes_parse():
+    col = fc.category_column("c")
+    got = fc.hash_values(col, ["-9223372036854775808", "9223372036854775807"])
+    assert got.tolist() == [ref_int_key("c", -(2**63)), ref_int_key("c", 2**63 - 1)]
+
+
+def test_hash_values_names_a_bad_value():
+    with pytest.raises(DataError, match=r"value 'x1' at index 1 is not a valid int"):
+        fc.hash_values(fc.category_column("c"), ["1", "x1"])
+
+
+def test_wrong_arrow_type_is_refused():
+    with pytest.raises(
+        DataError, match=r'column "c" is declared dtype="str" but its data has type double'
+    ):
+        fc.categorical_bags(fc.category_column("c", dtype="str"), pa.array([1.5]))
+    with pytest.raises(
+        DataError, match=r'column "c" is declared dtype="int" but its data has type timestamp'
+    ):
+        fc.categorical_bags(fc.category_column("c"), pa.array([0], pa.timestamp("s")))
+
+
+def test_missing_values_give_empty_bags():
+    bags = fc.categorical_bags(fc.category_column("c", dtype="str"), pa.array(["x", None, "", "y"]))
+    assert bags.offsets.tolist() == [0, 1, 1, 1, 2]
+    assert bags.missing == 2
+    ints = fc.categorical_bags(fc.category_column("c"), pa.array([1.0, None, float("nan")]))
+    assert ints.offsets.tolist() == [0, 1, 1, 1] and ints.missing == 2 and ints.bad is None
+
+
+def test_list_column_bags_keep_duplicates_and_order():
+    # rows:  0: [a, b, a]   1: null   2: []   3: [null, c]
+    #
+    #   keys    [ka kb ka | kc ]
+    #   offsets [0,        3, 3, 3, 4]
+    col = fc.category_column("t", dtype="str")
+    bags = fc.categorical_bags(col, pa.array([["a", "b", "a"], None, [], [None, "c"]]))
+    ka, kb, kc = (ref_str_key("t", s) for s in "abc")
+    assert bags.keys.tolist() == [ka, kb, ka, kc]
+    assert bags.offsets.tolist() == [0, 3, 3, 3, 4]
+    assert bags.missing == 2
+
+
+def test_sequence_keeps_the_most_recent_values():
+    # max_length 2, lists oldest first:
+    #   row 0: [1, 2, 3]  -> [2, 3]
+    #   row 1: [4]        -> [4]
+    #   row 2: [5, None, 6, 7] -> [6, 7]   (missing values do not count)
+    #
+    #   keys    [k2 k3 | k4 | k6 k7]
+    #   offsets [0,    2,   3,    5]
+    col = fc.sequence_category_column("s", "int", 2)
+    bags = fc.categorical_bags(col, pa.array([[1, 2, 3], [4], [5, None, 6, 7]]))
+    assert bags.keys.tolist() == [ref_int_key("s", v) for v in (2, 3, 4, 6, 7)]
+    assert bags.offsets.tolist() == [0, 2, 3, 5]
+
+
+def test_value_sep_splits_text():
+    col = fc.category_column("t", dtype="str")
+    bags = fc.categorical_bags(col, pa.array(["a|b", "", "c"]), value_sep="|")
+    assert bags.keys.tolist() == [ref_str_key("t", s) for s in "abc"]
+    assert bags.offsets.tolist() == [0, 2, 2, 3]
+
+
+def test_sliced_arrays_read_their_own_values():
+    arr = pa.array(["x", "y", "z", "w"]).slice(1, 2)
+    col = fc.category_column("t", dtype="str")
+    assert fc.hash_values(col, arr).tolist() == [ref_str_key("t", "y"), ref_str_key("t", "z")]
+
+
+def test_empty_array():
+    bags = fc.categorical_bags(fc.category_column("c"), pa.array([], pa.int64()))
+    assert bags.keys.tolist() == [] and bags.offsets.tolist() == [0] and bags.missing == 0
+
+
+# ----------------------------------------------------------------- numeric
+
+
+def test_numeric_values_missing_and_bad():
+    col = fc.numeric_column("n", default=7.0)
+    x, missing, bad = fc.numeric_values(col, pa.array(["1", "", None, "abc", "1e3", "inf", "-2.5"]))
+    assert x.tolist() == [1.0, 7.0, 7.0, 7.0, 1000.0, 7.0, -2.5]
+    assert missing.tolist() == [False, True, True, False, False, False, False]
+    assert bad is not None and bad.tolist() == [False, False, False, True, False, True, False]
+    x, missing, bad = fc.numeric_values(col, pa.array([1.0, None, float("nan")]))
+    assert x.tolist() == [1.0, 7.0, 7.0] and missing.sum() == 2 and bad is None
+
+
+def test_transforms():
+    col = fc.numeric_column("n", transform=[fc.log1p(), fc.standardize(1.0, 2.0)])
+    x = np.array([0.0, np.e - 1, -1.0])
+    np.testing.assert_allclose(col.apply(x), [(0 - 1) / 2, (1 - 1) / 2, (-np.log(2) - 1) / 2])
+    assert fc.numeric_column("n", transform=fc.log1p).transforms == (fc.Log1p(),)
+    b = fc.numeric_column("b", default=5, transform=fc.bucketize([0, 10]))
+    assert isinstance(b, fc.BucketizedColumn)
+    assert b.bucket(np.array([-1.0, 0.0, 9.9, 10.0])).tolist() == [0, 1, 1, 2]
+    bags = fc.categorical_bags(b, pa.array([None, 5.0, 20.0]))
+    assert bags.keys[0] == bags.keys[1] != bags.keys[2]  # missing -> default 5 -> bucket 1
+
+
+# ----------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: fc.category_column(""), r"category_column: `key` must be a non-empty str"),
+        (lambda: fc.category_column("a", dtype="float"), r'Column "a": `dtype` must be one of'),
+        (lambda: fc.category_column("a", embedding_share=""), r"`embedding_share` must be None"),
+        (
+            lambda: fc.sequence_category_column("s", "int", 0),
+            r"`max_length` must be a positive int",
+        ),
+        (
+            lambda: fc.embedding_column(fc.category_column("a"), 0),
+            r'Column "a": `dimension` must be a positive int. Received: dimension=0.',
+        ),
+        (
+            lambda: fc.embedding_column(fc.category_column("a"), 4, "max"),
+            r"`combiner` must be one of",
+        ),
+        (
+            lambda: fc.embedding_column(fc.numeric_column("n"), 4),
+            r"`categorical` must be a category",
+        ),
+        (
+            lambda: fc.numeric_column("n", default=float("nan")),
+            r"`default` must be a finite number",
+        ),
+        (lambda: fc.numeric_column("n", transform="log"), r"`transform` must be log1p"),
+        (
+            lambda: fc.numeric_column("n", transform=[fc.bucketize([1]), fc.log1p()]),
+            r"bucketize\(...\) must be the last transform",
+        ),
+        (lambda: fc.standardize(0.0, 0.0), r"`std` must be > 0"),
+        (lambda: fc.bucketize([2, 1]), r"strictly increasing"),
+        (lambda: fc.bucketize([]), r"strictly increasing"),
+        (lambda: fc.bucketize("12"), r"`boundaries` must be a sequence"),
+    ],
+    ids=[
+        "empty-key",
+        "dtype",
+        "share",
+        "max-length",
+        "dimension",
+        "combiner",
+        "embed-numeric",
+        "default",
+        "transform",
+        "bucketize-last",
+        "std",
+        "boundaries-order",
+        "boundaries-empty",
+        "boundaries-str",
+    ],
+)
+def test_invalid_columns(make, match):
+    with pytest.raises(SpecError, match=match):
+        make()
+
+
+# ----------------------------------------------------------------- spec
+
+
+def all_columns() -> list[fc.Column]:
+    user = fc.category_column("user_id", dtype="int")
+    return [
+        fc.embedding_column(user, 8, "mean"),
+        fc.category_column("item", dtype="str", embedding_share="items"),
+        fc.embedding_column(
+            fc.sequence_category_column("clicks", "str", 30, embedding_share="items"), 8
+        ),
+        fc.numeric_column("I1", 0.5, [fc.log1p(), fc.standardize(0.1, 3.3)]),
+        fc.numeric_column("age", 1.0, [fc.log1p(), fc.bucketize([0.1, 1 / 3, 2.5])]),
+        fc.embedding_column(
+            fc.numeric_column("hour", transform=fc.bucketize([6, 12, 18])), 4, "sqrtn"
+        ),
+    ]
+
+
+def test_spec_round_trip_is_exact():
+    cols = all_columns()
+    spec = fc.to_spec(cols)
+    assert spec["format"] == fc.SPEC_FORMAT and spec["version"] == 1
+    assert fc.from_spec(spec) == cols
+    text = json.dumps(spec)
+    assert fc.from_spec(text) == cols
+    assert fc.to_spec(fc.from_spec(text)) == spec
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"version": 2}, r"unsupported `version` 2; this tnrec reads version 1"),
+        ({"version": None}, r"unsupported `version` None"),
+        ({"format": "other"}, r"`format` must be 'tnrec.feature_spec'"),
+        ({"hash": "md5"}, r"unsupported `hash` 'md5'"),
+        ({"columns": {}}, r"`columns` must be a list"),
+        ({"columns": [{"type": "wide", "key": "a"}]}, r"unknown column type 'wide'"),
+        ({"columns": [{"type": "category", "key": "a"}]}, r"column 'a' has no field `dtype`"),
+        (
+            {
+                "columns": [
+                    {"type": "numeric", "key": "a", "default": 0, "transforms": [{"type": "x"}]}
+                ]
+            },
+            r"unknown transform",
+        ),
+    ],
+    ids=["version", "no-version", "format", "hash", "columns", "type", "field", "transform"],
+)
+def test_spec_refusals(change, match):
+    spec = fc.to_spec(all_columns())
+    spec.update(change)
+    with pytest.raises(SpecError, match=match):
+        fc.from_spec(spec)
+
+
+def test_spec_refuses_bad_documents():
+    with pytest.raises(SpecError, match="not valid JSON"):
+        fc.from_spec("{")
+    with pytest.raises(SpecError, match="`format` must be"):
+        fc.from_spec("[]")
+    with pytest.raises(SpecError, match='two columns have the key "a"'):
+        fc.to_spec([fc.category_column("a"), fc.numeric_column("a")])
