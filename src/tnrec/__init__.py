@@ -3,8 +3,31 @@
 This module only re-exports the public packages; it defines nothing itself.
 """
 
-from tnrec import errors, table
+from tnrec import (
+    callbacks,
+    data,
+    errors,
+    feature_column,
+    layers,
+    metrics,
+    optimizer,
+    ps,
+    table,
+)
+from tnrec.model import Model
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "errors", "table"]
+__all__ = [
+    "Model",
+    "__version__",
+    "callbacks",
+    "data",
+    "errors",
+    "feature_column",
+    "layers",
+    "metrics",
+    "optimizer",
+    "ps",
+    "table",
+]

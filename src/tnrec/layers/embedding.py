@@ -1,0 +1,214 @@
+"""EmbeddingFeatures: pools a layer's columns from the step's temporary matrix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from tnrec.errors import ArgumentError
+from tnrec.feature_column import EmbeddingColumn, SequenceCategoryColumn
+from tnrec.layers.pooling import bag_scales, pool, sequence_positions
+from tnrec.table import EvictionPolicy, Initializer, SparseOptimizer
+
+OUTPUTS = ("list", "concat", "dict")
+
+
+@dataclass
+class LayerStep:
+    """What :meth:`tnrec.Model.pull` prepares for one layer for one batch."""
+
+    batch: Any
+    E: torch.Tensor  # [U, D], the table's temporary matrix (shared by every layer of the table)
+    vids: npt.NDArray[np.int64]  # [N_layer] virtual ids of the layer's pooled columns, column-major
+    offsets: npt.NDArray[np.int64]  # [C*B + 1] bags of the pooled columns
+    scales: npt.NDArray[np.float32]  # [C*B]
+    sequences: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], torch.Tensor]]
+    batch_size: int
+
+
+class EmbeddingFeatures(torch.nn.Module):
+    """Embed categorical columns through one sparse table; pool each column per row.
+
+    The layer owns no parameters: before the forward pass, :class:`tnrec.Model`
+    collects the keys of every layer of a table, pulls each unique key once
+    into the temporary matrix ``E[U, D]`` and hands each layer its virtual ids.
+    The layer gathers and pools; backward writes ``E.grad``, which the model
+    pushes to the table.
+
+    Outputs per column: ``[B, D]`` for a pooled column (combiner ``sum``,
+    ``mean`` or ``sqrtn``; unknown keys read as zeros and still count in the
+    ``mean``/``sqrtn`` denominators; an empty bag gives zeros), and
+    ``([B, T, D], lengths[B])`` for a sequence column (``T`` its
+    ``max_length``, padded with zeros, the most recent ``T`` keys kept).
+
+    Args:
+        columns: embedding columns, all of the same ``dimension``.
+        sparse_optimizer: the table's optimizer config (``tn.optimizer.AdaGrad`` ...).
+        name: the layer's name; by default the model names it after its attribute path.
+        table: the table name; several layers naming the same table share it
+            (a key used by two layers in one step is pulled and pushed once).
+            Defaults to the layer's name.
+        output: ``"list"`` (one entry per column, in order), ``"concat"``
+            (``[B, C*D]``; pooled columns only) or ``"dict"`` (by column key).
+        initializer: the table's initializer (default ``normal(1.0)``).
+        seed: the table's seed (part of every key's initial vector).
+        policy: the table's statistics decay and eviction policy.
+
+    Example:
+        >>> import tnrec as tn
+        >>> user = tn.feature_column.category_column("user_id")
+        >>> cols = [tn.feature_column.embedding_column(user, dimension=8)]
+        >>> emb = tn.layers.EmbeddingFeatures(cols, tn.optimizer.AdaGrad(0.01), output="concat")
+    """
+
+    def __init__(
+        self,
+        columns: Sequence[EmbeddingColumn],
+        sparse_optimizer: SparseOptimizer,
+        *,
+        name: str | None = None,
+        table: str | None = None,
+        output: str = "list",
+        initializer: Initializer | None = None,
+        seed: int = 0,
+        policy: EvictionPolicy | None = None,
+    ) -> None:
+        super().__init__()
+        where = f'EmbeddingFeatures "{name}"' if name else "EmbeddingFeatures"
+        cols = list(columns)
+        if not cols or not all(isinstance(c, EmbeddingColumn) for c in cols):
+            raise ArgumentError(
+                f"{where}: `columns` must be a non-empty list of embedding_column(...). "
+                f"Received: {columns!r}."
+            )
+        dims = sorted({c.dimension for c in cols})
+        if len(dims) != 1:
+            raise ArgumentError(
+                f"{where}: all columns of one layer share a table and so a dimension. "
+                f"Received dimensions {dims}; put columns of other dimensions in another layer."
+            )
+        keys = [c.key for c in cols]
+        if len(set(keys)) != len(keys):
+            raise ArgumentError(f"{where}: a column appears twice. Received: {keys}.")
+        if not isinstance(sparse_optimizer, SparseOptimizer):
+            raise ArgumentError(
+                f"{where}: `sparse_optimizer` must be tn.optimizer.AdaGrad/Adam/Ftrl/SGD. "
+                f"Received: {type(sparse_optimizer).__name__}."
+            )
+        if output not in OUTPUTS:
+            raise ArgumentError(
+                f"{where}: `output` must be one of {OUTPUTS}. Received: {output!r}."
+            )
+        self.sequence_columns = [
+            c for c in cols if isinstance(c.categorical, SequenceCategoryColumn)
+        ]
+        if output == "concat" and self.sequence_columns:
+            raise ArgumentError(
+                f"{where}: output='concat' needs pooled columns only; sequence columns "
+                f"{[c.key for c in self.sequence_columns]} give [B, T, D]. Use 'list' or 'dict'."
+            )
+        self.columns = cols
+        self.pooled_columns = [c for c in cols if c not in self.sequence_columns]
+        self.dim = dims[0]
+        self.sparse_optimizer = sparse_optimizer
+        self.name = name
+        self.table = table
+        self.output = output
+        self.initializer = initializer
+        self.seed = seed
+        self.policy = policy
+        self._step: LayerStep | None = None
+
+    @property
+    def table_name(self) -> str:
+        """The table this layer reads (its ``table``, else its name)."""
+        name = self.table or self.name
+        if name is None:
+            raise ArgumentError(
+                "EmbeddingFeatures has no name yet: give it name=... or make it an attribute "
+                "of a tn.Model, which names it after its attribute path."
+            )
+        return name
+
+    def extra_repr(self) -> str:
+        return (
+            f"name={self.name!r}, table={self.table or self.name!r}, "
+            f"columns={[c.key for c in self.columns]}, dim={self.dim}, output={self.output!r}"
+        )
+
+    def prepare(self, batch: Any, E: torch.Tensor, vids: npt.NDArray[np.int64]) -> None:
+        """Set up this layer's step from the virtual ids of its columns (called by the model).
+
+        Args:
+            batch: the step's batch.
+            E: the table's temporary matrix ``[U, D]``.
+            vids: the virtual ids of this layer's keys, column after column in
+                ``self.columns`` order (``sum(N_c)``).
+        """
+        B = batch.size
+        pooled_vids, pooled_offsets, scales = [], [np.zeros(1, np.int64)], []
+        sequences = {}
+        at = 0
+        base = 0
+        for col in self.columns:
+            offsets = batch.offsets(col.key)
+            n = int(offsets[-1] - offsets[0])
+            v = vids[at : at + n]
+            at += n
+            if col in self.sequence_columns:
+                keep, pos, lengths = sequence_positions(offsets, col.categorical.max_length)
+                sequences[col.key] = (v[keep], pos, torch.from_numpy(lengths))
+                continue
+            pooled_vids.append(v)
+            pooled_offsets.append(offsets[1:] - offsets[0] + base)
+            scales.append(bag_scales(np.diff(offsets), col.combiner))
+            base += n
+        self._step = LayerStep(
+            batch=batch,
+            E=E,
+            vids=np.concatenate(pooled_vids) if pooled_vids else np.zeros(0, np.int64),
+            offsets=np.concatenate(pooled_offsets),
+            scales=np.concatenate(scales) if scales else np.zeros(0, np.float32),
+            sequences=sequences,
+            batch_size=B,
+        )
+
+    def release(self) -> None:
+        """Drop the step's references (called by the model after the push)."""
+        self._step = None
+
+    def forward(self, batch: Any) -> Any:
+        """Return the pooled embeddings of ``batch`` (see the class docstring for shapes).
+
+        Raises:
+            ArgumentError: the model did not pull this batch first.
+        """
+        step = self._step
+        if step is None or step.batch is not batch:
+            raise ArgumentError(
+                f'EmbeddingFeatures "{self.name}": call model.pull(batch) before the forward pass '
+                "on that batch (Model.fit/evaluate/predict and train_step do it for you)."
+            )
+        B, D = step.batch_size, self.dim
+        out: dict[str, Any] = {}
+        if self.pooled_columns:
+            pooled = pool(step.E, step.vids, step.offsets, step.scales)  # [C*B, D]
+            pooled = pooled.view(len(self.pooled_columns), B, D)  # [C, B, D]
+            if self.output == "concat":
+                return pooled.permute(1, 0, 2).reshape(B, len(self.pooled_columns) * D)  # [B, C*D]
+            for c, col in enumerate(self.pooled_columns):
+                out[col.key] = pooled[c]  # [B, D]
+        for col in self.sequence_columns:
+            v, pos, lengths = step.sequences[col.key]
+            T = col.categorical.max_length
+            rows = step.E.index_select(0, torch.from_numpy(v))  # [M, D]
+            grid = step.E.new_zeros((B * T, D)).index_copy(0, torch.from_numpy(pos), rows)
+            out[col.key] = (grid.view(B, T, D), lengths)  # [B, T, D], [B]
+        if self.output == "dict":
+            return {c.key: out[c.key] for c in self.columns}
+        return [out[c.key] for c in self.columns]

@@ -1,0 +1,475 @@
+"""tn.Model: a torch.nn.Module with Keras's verbs over the temporary embedding matrix."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from tnrec import metrics as metrics_lib
+from tnrec.errors import ArgumentError
+from tnrec.layers import EmbeddingFeatures
+from tnrec.losses import LOSSES, SINGLE, Head, LossFn, mse
+from tnrec.optimizer import dense_optimizer as make_dense_optimizer
+from tnrec.ps import LocalPS, unique_inverse
+from tnrec.table import SparseOptimizer, SparseTable
+from tnrec.trainer import TrainingLoops
+
+
+@dataclass
+class TemporaryMatrix:
+    """One table's part of a step: its unique keys and their pulled rows.
+
+    ``keys[inverse]`` lists every key occurrence of the batch (all layers of the
+    table, column after column); ``E`` is a leaf tensor whose ``.grad`` after
+    backward is each key's gradient summed over the step.
+    """
+
+    keys: npt.NDArray[np.int64]  # [U] unique keys
+    inverse: npt.NDArray[np.int64]  # [N] virtual id of every occurrence
+    rows: npt.NDArray[np.int64]  # [N] batch row of every occurrence
+    E: torch.Tensor  # [U, D] the temporary matrix
+
+
+class Model(TrainingLoops, torch.nn.Module):
+    """Base class of tnrec models: subclass it, add layers, train with ``compile`` + ``fit``.
+
+    Per step (:meth:`train_step`): :meth:`pull` gathers the keys of every
+    :class:`~tnrec.layers.EmbeddingFeatures` per table, de-duplicates them and
+    pulls each table once into its temporary matrix; the forward pass pools
+    from it; after backward, :meth:`push` sends each matrix's gradient and the
+    keys' show/click counts to the tables. Training pulls create new keys;
+    ``evaluate``/``predict`` (and validation inside ``fit``) read unknown keys
+    as zeros and change no table.
+
+    Define either :meth:`forward_dense` (preferred: it is the dense part that
+    export traces) or :meth:`forward`. The default ``forward(batch)`` is
+    ``forward_dense(self.embed(batch), dense)`` where ``embed`` maps each
+    embedding layer's name to its output and ``dense`` is ``float32[B, F]``.
+
+    For your own training loop::
+
+        model.train(); model.pull(batch); loss = ...(model(batch)); loss.backward()
+        model.push(); dense_opt.step()
+
+    Example:
+        >>> import torch, tnrec as tn
+        >>> class LR(tn.Model):
+        ...     def __init__(self, cols):
+        ...         super().__init__()
+        ...         self.wide = tn.layers.EmbeddingFeatures(cols, tn.optimizer.AdaGrad(0.05))
+        ...     def forward_dense(self, pooled, dense):
+        ...         return torch.sigmoid(sum(pooled["wide"]).sum(dim=1))
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ps: Any = None
+        self._table_layers: dict[str, list[EmbeddingFeatures]] = {}
+        self._step: dict[str, TemporaryMatrix] | None = None
+        self._batch: Any = None
+        self._heads: list[Head] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.clip_norm: float | None = None
+        self.click_label: str | None = None
+        self.stop_training = False
+
+    # ------------------------------------------------------------------ tables
+
+    def embedding_layers(self) -> list[EmbeddingFeatures]:
+        """Return the embedding layers, naming unnamed ones after their attribute path."""
+        layers = []
+        for path, module in self.named_modules():
+            if isinstance(module, EmbeddingFeatures):
+                if module.name is None:
+                    module.name = path.replace(".", "_")
+                layers.append(module)
+        names = [m.name for m in layers]
+        if len(set(names)) != len(names):
+            raise ArgumentError(f"Two EmbeddingFeatures layers have the same name: {names}.")
+        return layers
+
+    def build_tables(
+        self, ps_factory: Callable[[dict[str, SparseTable]], Any] | None = None
+    ) -> None:
+        """Create one table per table name (layers naming one table share it) and the PS.
+
+        Called by ``compile`` (and by the first ``pull`` if needed). A
+        distributed strategy passes ``ps_factory`` to shard the tables.
+
+        Raises:
+            ArgumentError: layers sharing a table disagree on dim, optimizer,
+                initializer, seed or policy.
+        """
+        groups: dict[str, list[EmbeddingFeatures]] = {}
+        for layer in self.embedding_layers():
+            groups.setdefault(layer.table_name, []).append(layer)
+        tables = {}
+        for name, layers in groups.items():
+            first = layers[0]
+            for other in layers[1:]:
+                for attr in ("dim", "sparse_optimizer", "initializer", "seed", "policy"):
+                    if getattr(other, attr) != getattr(first, attr):
+                        raise ArgumentError(
+                            f'Layers "{first.name}" and "{other.name}" share table "{name}" but '
+                            f"differ in `{attr}`: {getattr(first, attr)!r} vs "
+                            f"{getattr(other, attr)!r}."
+                        )
+            tables[name] = SparseTable(
+                first.dim,
+                first.sparse_optimizer,
+                name=name,
+                initializer=first.initializer,
+                seed=first.seed,
+                policy=first.policy,
+            )
+        self._table_layers = groups
+        self._ps = (ps_factory or LocalPS)(tables)
+
+    @property
+    def ps(self) -> Any:
+        """The parameter server holding the tables (built on first use)."""
+        if self._ps is None:
+            self.build_tables()
+        return self._ps
+
+    @property
+    def tables(self) -> dict[str, SparseTable]:
+        """This process's tables (its shard of each, when distributed), by name."""
+        return dict(self.ps.tables)
+
+    # ------------------------------------------------------------------ the step
+
+    def pull(self, batch: Any) -> dict[str, TemporaryMatrix]:
+        """Pull every table's rows for ``batch`` into temporary matrices (before forward).
+
+        Creates missing keys when ``self.training``; otherwise unknown keys read
+        as zeros and nothing is created.
+
+        Returns:
+            The step's temporary matrix of every table, by table name.
+
+        Raises:
+            ArgumentError: the batch lacks a column a layer needs.
+        """
+        ps = self.ps
+        create = self.training
+        keys_by_table: dict[str, npt.NDArray[np.int64]] = {}
+        parts_by_table: dict[str, tuple[np.ndarray, np.ndarray, list[int]]] = {}
+        for table, layers in self._table_layers.items():
+            keys: list[np.ndarray] = []
+            rows: list[np.ndarray] = []
+            sizes: list[int] = []
+            for layer in layers:
+                n_layer = 0
+                for col in layer.columns:
+                    if col.key not in batch.sparse:
+                        raise ArgumentError(
+                            f'EmbeddingFeatures "{layer.name}": the batch has no categorical '
+                            f"column {col.key!r}. Batch columns: {sorted(batch.sparse)}."
+                        )
+                    jag = batch.sparse[col.key]
+                    k = jag.keys[jag.offsets[0] : jag.offsets[-1]]
+                    keys.append(k)
+                    rows.append(
+                        np.repeat(np.arange(batch.size, dtype=np.int64), np.diff(jag.offsets))
+                    )
+                    n_layer += k.shape[0]
+                sizes.append(n_layer)
+            all_keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)  # [N]
+            uniq, inverse = unique_inverse(all_keys)  # [U], [N]
+            keys_by_table[table] = uniq
+            parts_by_table[table] = (inverse, np.concatenate(rows) if rows else all_keys, sizes)
+        pulled = ps.pull(keys_by_table, create)
+        step = {}
+        for table, layers in self._table_layers.items():
+            inverse, occ_rows, sizes = parts_by_table[table]
+            E = torch.from_numpy(pulled[table])  # [U, D]
+            if create:
+                E.requires_grad_(True)
+            at = 0
+            for layer, n in zip(layers, sizes, strict=True):
+                layer.prepare(batch, E, inverse[at : at + n])
+                at += n
+            step[table] = TemporaryMatrix(keys_by_table[table], inverse, occ_rows, E)
+        self._step = step
+        self._batch = batch
+        return step
+
+    def push(self) -> None:
+        """Push each temporary matrix's gradient and the keys' show/click to the tables.
+
+        show = occurrences of the key in the batch (weighted by sample weight);
+        click = the same weighted by the click label (:attr:`click_label`, by
+        default the first head's label).
+
+        Raises:
+            ArgumentError: no step was pulled in training mode.
+        """
+        step, batch = self._step, self._batch
+        if step is None or batch is None or not self.training:
+            raise ArgumentError("Model.push: call model.pull(batch) in training mode first.")
+        label = self._click_label_values(batch)  # [B]
+        w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
+        keys, grads, shows, clicks = {}, {}, {}, {}
+        for table, ts in step.items():
+            U = ts.keys.shape[0]
+            g = ts.E.grad
+            grads[table] = (
+                np.ascontiguousarray(g.numpy(), dtype=np.float32)
+                if g is not None
+                else np.zeros((U, ts.E.shape[1]), np.float32)
+            )
+            w_occ = w[ts.rows].astype(np.float64)  # [N]
+            shows[table] = np.bincount(ts.inverse, weights=w_occ, minlength=U).astype(np.float32)
+            clicks[table] = np.bincount(
+                ts.inverse, weights=w_occ * label[ts.rows], minlength=U
+            ).astype(np.float32)
+            keys[table] = ts.keys
+        self.ps.push(keys, grads, shows, clicks)
+        self._release()
+
+    def _release(self) -> None:
+        for layers in self._table_layers.values():
+            for layer in layers:
+                layer.release()
+        self._step = None
+        self._batch = None
+
+    def _click_label_values(self, batch: Any) -> npt.NDArray[np.float64]:
+        name = self.click_label or (self._heads[0].label if self._heads else None)
+        if batch.labels.shape[1] == 0:
+            return np.zeros(batch.size, np.float64)
+        if name is None:
+            return batch.labels[:, 0].astype(np.float64)
+        return batch.label(name).astype(np.float64)
+
+    # ------------------------------------------------------------------ forward
+
+    def embed(self, batch: Any) -> dict[str, Any]:
+        """Return each embedding layer's output for ``batch``, by layer name."""
+        return {
+            layer.table_name if layer.name is None else layer.name: layer(batch)
+            for layer in self.embedding_layers()
+        }
+
+    def forward(self, batch: Any) -> Any:
+        """Return the model's output(s): ``forward_dense(embed(batch), dense)``."""
+        dense = torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32))  # [B, F]
+        return self.forward_dense(self.embed(batch), dense)
+
+    def forward_dense(self, pooled: dict[str, Any], dense: torch.Tensor) -> Any:
+        """The dense part: outputs from pooled embeddings and dense features. Override it.
+
+        Args:
+            pooled: each embedding layer's output, by layer name.
+            dense: ``float32[B, F]`` dense features.
+
+        Returns:
+            ``[B]`` (or ``[B, 1]``) per head, or a dict of them for several heads.
+        """
+        raise ArgumentError(
+            f"{type(self).__name__} must override forward_dense(pooled, dense) (or forward(batch))."
+        )
+
+    # ------------------------------------------------------------------ compile
+
+    def compile(
+        self,
+        dense_optimizer: SparseOptimizer | torch.optim.Optimizer,
+        loss: str | LossFn | Mapping[str, str | LossFn] = "binary_crossentropy",
+        metrics: Sequence[str | metrics_lib.Metric] | Mapping[str, Sequence[Any]] = (),
+        *,
+        label: str | Mapping[str, str] | None = None,
+        loss_weights: Mapping[str, float] | None = None,
+        clip_norm: float | None = None,
+        click_label: str | None = None,
+    ) -> None:
+        """Configure training.
+
+        Args:
+            dense_optimizer: a ``torch.optim`` optimizer over ``model.parameters()``,
+                or ``tn.optimizer.Adam/AdaGrad/SGD`` (mapped, see :mod:`tnrec.optimizer`).
+            loss: ``"binary_crossentropy"`` (the output is a probability),
+                ``"binary_crossentropy_from_logits"`` (the output is a logit;
+                predictions are its sigmoid), ``"mse"``, a callable
+                ``f(output, label) -> per-row loss [B]``, or a dict of these by head.
+            metrics: names (``auc``, ``logloss``, ``ctr``, ``pctr``, ``copc``,
+                ``accuracy``, ``mse``) or Metric objects; a dict by head for several heads.
+            label: the label column of the single head (default: the batch's only
+                label), or a dict head -> label (default: the head's name).
+            loss_weights: per-head factor of the total loss (default 1).
+            clip_norm: clip the dense gradients' global norm to this.
+            click_label: the label counted as a click in the tables' statistics
+                (default: the first head's label).
+
+        Raises:
+            ArgumentError: unknown loss or metric, bad clip_norm.
+        """
+        self.optimizer = make_dense_optimizer(dense_optimizer, self.parameters())
+        losses = dict(loss) if isinstance(loss, Mapping) else {SINGLE: loss}
+        labels = dict(label) if isinstance(label, Mapping) else {SINGLE: label}
+        metric_map = dict(metrics) if isinstance(metrics, Mapping) else {SINGLE: list(metrics)}
+        self._heads = []
+        for head, spec in losses.items():
+            if isinstance(spec, str):
+                if spec not in LOSSES:
+                    raise ArgumentError(
+                        f"`loss` must be one of {sorted(LOSSES)} or a callable. Received: {spec!r}."
+                    )
+                fn, to_pred = LOSSES[spec]
+            elif callable(spec):
+                fn, to_pred = spec, (lambda x: x)
+            else:
+                raise ArgumentError(
+                    f"`loss` for head {head!r} must be a name or callable. Received: {spec!r}."
+                )
+            self._heads.append(
+                Head(
+                    name=head,
+                    label=labels.get(head) if head != SINGLE else labels.get(SINGLE),
+                    loss=fn,
+                    to_prediction=to_pred,
+                    weight=float((loss_weights or {}).get(head, 1.0)),
+                    # a Metric instance is copied: two heads never share state
+                    metrics=[
+                        metrics_lib.get(m if isinstance(m, str) else copy.deepcopy(m))
+                        for m in metric_map.get(head, [])
+                    ],
+                )
+            )
+        if head != SINGLE:
+            for h in self._heads:
+                h.label = h.label or h.name
+        if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0):
+            raise ArgumentError(
+                f"`clip_norm` must be a positive number or None. Received: {clip_norm!r}."
+            )
+        self.clip_norm = clip_norm
+        self.click_label = click_label
+        if self._ps is None:
+            self.build_tables()
+
+    def _require_compiled(self, verb: str) -> None:
+        if self.optimizer is None or not self._heads:
+            raise ArgumentError(f"Model.{verb}: call model.compile(...) first.")
+
+    # ------------------------------------------------------------------ loss
+
+    def _outputs_by_head(self, outputs: Any) -> dict[str, torch.Tensor]:
+        if isinstance(outputs, Mapping):
+            got = {k: v for k, v in outputs.items()}
+        else:
+            got = {SINGLE: outputs}
+        out = {}
+        for h in self._heads:
+            if h.name not in got:
+                raise ArgumentError(
+                    f"The model returned heads {sorted(got)}, but compile() has a loss for "
+                    f"{h.name!r}."
+                )
+            t = got[h.name]
+            out[h.name] = t.squeeze(-1) if t.dim() == 2 and t.shape[-1] == 1 else t
+        return out
+
+    def _label(self, head: Head, batch: Any) -> npt.NDArray[np.float32]:
+        if head.label is None:
+            if len(batch.label_names) != 1:
+                raise ArgumentError(
+                    f"The batch has labels {list(batch.label_names)}; name the one to train on "
+                    "with compile(label=...)."
+                )
+            return batch.labels[:, 0]
+        return batch.label(head.label)
+
+    def compute_loss(
+        self, batch: Any, outputs: Any
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Return the normalised loss and each head's predictions.
+
+        ``loss = sum_heads weight_h * sum_i w_i * loss_h(i) / sum_i w_i`` where
+        ``w`` are the sample weights (1 without), and the normaliser ``sum_i w_i``
+        is summed over every worker's batch.
+        """
+        w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
+        norm = float(self.ps.all_reduce_sum(np.array([w.sum()], np.float64))[0])
+        wt = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))  # [B]
+        total = torch.zeros(())
+        preds = {}
+        for h in self._heads:
+            out = self._outputs_by_head(outputs)[h.name]  # [B]
+            y = torch.from_numpy(np.ascontiguousarray(self._label(h, batch), dtype=np.float32))
+            per_row = h.loss(out, y)  # [B]
+            total = total + h.weight * (per_row * wt).sum() / max(norm, 1e-12)
+            preds[h.name] = h.to_prediction(out.detach())
+        return total, preds
+
+    def _update_metrics(self, batch: Any, preds: dict[str, torch.Tensor]) -> None:
+        for h in self._heads:
+            if h.metrics:
+                y = self._label(h, batch)
+                p = preds[h.name].numpy()
+                for m in h.metrics:
+                    m.update(y, p, batch.weights)
+
+    # ------------------------------------------------------------------ steps
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """One training step: pull, forward, loss, backward, push, dense step, metrics.
+
+        Override it to change the step; ``fit`` calls it once per batch. A step
+        on an empty global batch does nothing.
+
+        Returns:
+            ``{"loss": ...}`` for this batch.
+        """
+        if float(self.ps.all_reduce_sum(np.array([batch.size], np.float64))[0]) == 0:
+            return {}
+        self.pull(batch)
+        outputs = self(batch)
+        loss, preds = self.compute_loss(batch, outputs)
+        opt = self.optimizer
+        if opt is None:
+            raise ArgumentError("Model.train_step: call model.compile(...) first.")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.ps.all_reduce_grads([p for p in self.parameters() if p.requires_grad])
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self.clip_norm)
+        self.push()
+        opt.step()
+        self._update_metrics(batch, preds)
+        return {"loss": float(loss.detach())}
+
+    def test_step(self, batch: Any) -> dict[str, float]:
+        """One evaluation step (no table changes): pull without creating, forward, metrics."""
+        if batch.size == 0:
+            return {}
+        with torch.no_grad():
+            self.pull(batch)
+            outputs = self(batch)
+            loss, preds = self.compute_loss(batch, outputs)
+        self._release()
+        self._update_metrics(batch, preds)
+        self._last_preds = preds
+        return {"loss": float(loss)}
+
+    def predict_step(self, batch: Any) -> dict[str, npt.NDArray[np.float32]]:
+        """Return each head's predictions for ``batch`` (no table changes)."""
+        with torch.no_grad():
+            self.pull(batch)
+            outputs = self(batch)
+        self._release()
+        heads = self._heads or [Head(SINGLE, None, mse, lambda x: x, 1.0, [])]
+        by_head = self._outputs_by_head(outputs) if self._heads else {SINGLE: outputs}
+        return {
+            h.name: h.to_prediction(
+                by_head[h.name].squeeze(-1) if by_head[h.name].dim() == 2 else by_head[h.name]
+            ).numpy()
+            for h in heads
+        }

@@ -1,0 +1,69 @@
+"""The single-process parameter server: every table lives in this process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from tnrec.errors import NonFiniteError
+from tnrec.table import SparseTable
+
+
+class LocalPS:
+    """Pull and push rows of local tables; the interface a sharded PS replaces.
+
+    Every call carries all tables of one step at once (a sharded PS turns each
+    call into one exchange for all tables). Keys are unique per table, as the
+    model's de-duplication guarantees.
+
+    Args:
+        tables: the tables by name.
+
+    Example:
+        >>> from tnrec.table import SparseTable, SGD
+        >>> ps = LocalPS({"user": SparseTable(4, SGD(), name="user")})
+        >>> ps.pull({"user": np.array([1, 2], dtype=np.int64)}, create=True)["user"].shape
+        (2, 4)
+    """
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, tables: Mapping[str, SparseTable]) -> None:
+        self.tables = dict(tables)
+
+    def pull(
+        self, keys: Mapping[str, npt.NDArray[np.int64]], create: bool
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Return the rows of each table's unique keys (``float32[U, D]``)."""
+        return {name: self.tables[name].pull_unchecked(k, create) for name, k in keys.items()}
+
+    def push(
+        self,
+        keys: Mapping[str, npt.NDArray[np.int64]],
+        grads: Mapping[str, npt.NDArray[np.float32]],
+        show: Mapping[str, npt.NDArray[np.float32]],
+        click: Mapping[str, npt.NDArray[np.float32]],
+    ) -> None:
+        """Apply each table's optimizer once per key with the step's summed gradient.
+
+        Raises:
+            NonFiniteError: a gradient is NaN or infinite (nothing is pushed).
+        """
+        for name in keys:
+            if not np.isfinite(grads[name]).all():
+                raise NonFiniteError(
+                    f'Table "{name}": the step produced a NaN or infinite embedding gradient '
+                    "(check the loss and learning rates); no table was updated."
+                )
+        for name, k in keys.items():
+            self.tables[name].push_unchecked(k, grads[name], show[name], click[name])
+
+    def all_reduce_grads(self, params: list) -> None:
+        """Sum dense gradients over workers; nothing to do in one process."""
+
+    def all_reduce_sum(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Sum ``values`` over workers; the identity in one process."""
+        return values

@@ -1,0 +1,251 @@
+"""tn.Model: compile/fit/evaluate/predict, overrides, weights, heads, logs and errors."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import log_loss, roc_auc_score
+
+import tnrec as tn
+from tnrec.callbacks import Callback, ProgressBar
+from tnrec.errors import ArgumentError
+from tnrec.table import SGD, AdaGrad, zeros
+
+fc = tn.feature_column
+
+
+class Small(tn.Model):
+    def __init__(self, heads=None):
+        super().__init__()
+        cols = [fc.embedding_column(fc.category_column(k), 4) for k in ("user", "item")]
+        cols.append(fc.embedding_column(fc.category_column("tags"), 4, combiner="mean"))
+        self.emb = tn.layers.EmbeddingFeatures(cols, AdaGrad(0.05), output="concat")
+        self.heads = heads
+        self.out = torch.nn.Linear(14, len(heads) if heads else 1)
+
+    def forward_dense(self, pooled, dense):
+        z = self.out(torch.cat([pooled["emb"], dense], 1))
+        if self.heads:
+            return {h: torch.sigmoid(z[:, i]) for i, h in enumerate(self.heads)}
+        return torch.sigmoid(z)
+
+
+def compiled(**kw):
+    torch.manual_seed(0)
+    m = Small(kw.pop("heads", None))
+    m.compile(tn.optimizer.Adam(learning_rate=0.02), **{"metrics": ["auc", "logloss"], **kw})
+    return m
+
+
+def test_fit_learns_and_history_has_every_epoch(batches):
+    train, val = batches(30, 128, seed=1), batches(5, 128, seed=2)
+    m = compiled(metrics=["auc", "logloss", "ctr", "pctr", "copc", "accuracy"])
+    h = m.fit(train, epochs=3, validation_data=val, verbose=0)
+    assert h.epoch == [0, 1, 2]
+    for k in ("loss", "auc", "logloss", "ctr", "pctr", "copc", "accuracy", "val_loss", "val_auc"):
+        assert len(h.history[k]) == 3, k
+    assert h.history["loss"][2] < h.history["loss"][0]
+    assert h.history["val_auc"][2] > 0.7
+    assert len(m.tables["emb"]) > 50  # rows created by training, not by validation
+    labels = np.concatenate([b.labels[:, 0] for b in train]).astype(np.float64)
+    np.testing.assert_allclose(h.history["ctr"][0], labels.mean(), rtol=1e-9)
+
+
+def test_evaluate_matches_sklearn_on_predict_output(batches):
+    train, test = batches(20, 128, seed=1), batches(6, 100, seed=9)
+    m = compiled()
+    m.fit(train, epochs=2, verbose=0)
+    size = len(m.tables["emb"])
+    logs = m.evaluate(test, verbose=0, exact_auc=True)
+    out = m.predict(test)
+    assert len(m.tables["emb"]) == size  # evaluation and prediction create no key
+    assert set(out) == {"row_id", "label", "prediction"}
+    np.testing.assert_array_equal(out["row_id"], np.concatenate([b.row_ids for b in test]))
+    np.testing.assert_array_equal(out["label"], np.concatenate([b.labels[:, 0] for b in test]))
+    exact = roc_auc_score(out["label"], out["prediction"])
+    assert abs(logs["auc_exact"] - exact) < 1e-9
+    assert abs(logs["auc"] - exact) < 1e-3
+    assert abs(logs["logloss"] - log_loss(out["label"], out["prediction"])) < 1e-5
+    assert abs(logs["loss"] - logs["logloss"]) < 1e-5
+
+
+def test_train_step_override_runs_under_fit(batches):
+    class Counting(Small):
+        seen = 0
+
+        def train_step(self, batch):
+            self.seen += batch.size
+            return super().train_step(batch)
+
+    torch.manual_seed(0)
+    m = Counting()
+    m.compile(torch.optim.SGD(m.parameters(), lr=0.1))
+    m.fit(batches(7, 16), epochs=2, steps_per_epoch=5, verbose=0)
+    assert m.seen == 2 * 5 * 16
+
+
+def test_callbacks_progress_lines_and_stop_training(batches):
+    events = []
+
+    class Recorder(Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            events.append((epoch, round(logs["loss"], 6)))
+            self.model.stop_training = epoch == 1
+
+        def on_train_batch_end(self, step, logs=None):
+            events.append(step)
+
+    m = compiled()
+    m.fit(batches(3, 8), epochs=5, callbacks=[Recorder()], verbose=0)
+    assert [e for e in events if isinstance(e, int)] == [1, 2, 3, 1, 2, 3]
+    assert [e[0] for e in events if isinstance(e, tuple)] == [0, 1]
+
+    stream = io.StringIO()  # not a terminal: plain lines every `log_every` steps
+    bar = ProgressBar(None, stream=stream, log_every=2)
+    for step in range(1, 6):
+        if bar.due(step):
+            bar.update(step, step * 10, {"loss": 0.5})
+    bar.close(0, {"loss": 0.25, "auc": 0.75})
+    lines = stream.getvalue().splitlines()
+    assert [ln.split(" - ")[0] for ln in lines] == ["step 2", "step 4", "epoch 1"]
+    assert lines[-1].endswith("loss: 0.25 - auc: 0.75") and "samples/s" in lines[0]
+
+
+def test_sample_weights_scale_the_gradient_as_the_formula_says(make_batch):
+    # loss = sum_i w_i * (p_i - y_i)^2 / sum_i w_i, p_i = pooled embedding of row i
+    class Identity(tn.Model):
+        def __init__(self):
+            super().__init__()
+            col = fc.embedding_column(fc.category_column("k"), 1)
+            self.emb = tn.layers.EmbeddingFeatures([col], SGD(1.0), initializer=zeros())
+
+        def forward_dense(self, pooled, dense):
+            return pooled["emb"][0][:, 0]
+
+    m = Identity()
+    m.compile(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0), loss="mse")
+    batch = make_batch({"k": [[1], [2], [1]]}, [1.0, 2.0, 3.0], weights=[1.0, 2.0, 5.0])
+    m.train_step(batch)
+    # d loss / d e_1 = 2 * (0 - 1) * 1/8 + 2 * (0 - 3) * 5/8 = -4; e_2: 2 * (0 - 2) * 2/8 = -1
+    rows = m.tables["emb"].rows()
+    np.testing.assert_allclose(rows["weights"][:, 0], [4.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(rows["show"], [6.0, 2.0])  # sample-weighted occurrences
+    np.testing.assert_allclose(rows["click"], [1 * 1 + 5 * 3, 2 * 2])  # label-weighted
+
+
+def test_empty_batch_is_a_no_op(make_batch, batches):
+    m = compiled()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    empty = make_batch({"user": [], "item": [], "tags": []}, np.zeros(0), dense=np.zeros((0, 2)))
+    assert m.train_step(empty) == {}
+    assert len(m.tables["emb"]) == 0
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    assert m.evaluate([empty], verbose=0)["loss"] == 0.0
+    assert m.predict([empty])["prediction"].shape == (0,)
+    h = m.fit([empty, *batches(2, 8)], verbose=0)
+    assert len(h.history["loss"]) == 1
+
+
+def test_two_heads_with_their_own_labels_and_metrics(batches):
+    data = batches(10, 32, seed=4)
+    two = [
+        type(b)(
+            sparse=b.sparse,
+            dense=b.dense,
+            dense_names=b.dense_names,
+            labels=np.stack([b.labels[:, 0], 1 - b.labels[:, 0]], 1),
+            label_names=("click", "skip"),
+            weights=None,
+            row_ids=b.row_ids,
+        )
+        for b in data
+    ]
+    m = compiled(
+        heads=["click", "skip"],
+        loss={"click": "binary_crossentropy", "skip": "binary_crossentropy"},
+        metrics={"click": ["auc"], "skip": ["ctr"]},
+        loss_weights={"skip": 0.5},
+    )
+    h = m.fit(two, epochs=2, verbose=0)
+    assert {"loss", "click_auc", "skip_ctr"} <= set(h.history)
+    out = m.predict(two[:2])
+    assert set(out) == {"row_id", "click", "skip", "prediction_click", "prediction_skip"}
+    ys = np.concatenate([b.labels[:, 1] for b in two]).astype(np.float64)
+    np.testing.assert_allclose(h.history["skip_ctr"][0], ys.mean(), rtol=1e-9)
+    # clicks in the tables follow the first head's label ("click")
+    rows = m.tables["emb"].rows()
+    assert rows["click"].sum() > 0
+
+
+def test_compile_and_model_errors(batches, make_batch):
+    m = Small()
+    with pytest.raises(ArgumentError, match="call model.compile"):
+        m.fit(batches(1, 4), verbose=0)
+    with pytest.raises(ArgumentError, match=r"`loss` must be one of \['binary_crossentropy'"):
+        m.compile(tn.optimizer.Adam(), loss="hinge")
+    with pytest.raises(ArgumentError, match="Ftrl is a sparse rule"):
+        m.compile(tn.optimizer.Ftrl())
+    with pytest.raises(ArgumentError, match="`clip_norm` must be a positive number"):
+        m.compile(tn.optimizer.Adam(), clip_norm=0)
+    with pytest.raises(ArgumentError, match=r"`metric` must be a Metric or one of.*metric=.f1."):
+        m.compile(tn.optimizer.Adam(), metrics=["f1"])
+    m.compile(tn.optimizer.Adam())
+    with pytest.raises(ArgumentError, match=r"`epochs` must be an int >= 0"):
+        m.fit(batches(1, 4), epochs=-1, verbose=0)
+    two_labels = make_batch(
+        {"user": [[1]], "item": [[2]], "tags": [[]]},
+        [[0, 1]],
+        dense=[[0, 0]],
+        label_names=("a", "b"),
+    )
+    with pytest.raises(ArgumentError, match=r"name the one to train on with compile\(label=...\)"):
+        m.train_step(two_labels)
+
+    class NoDense(tn.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = tn.layers.EmbeddingFeatures(
+                [fc.embedding_column(fc.category_column("user"), 4)], SGD()
+            )
+
+    nd = NoDense()
+    nd.compile(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    with pytest.raises(
+        ArgumentError, match=r"NoDense must override forward_dense\(pooled, dense\)"
+    ):
+        nd.train_step(batches(1, 4)[0])
+
+
+def test_gradient_clipping_bounds_the_dense_update(batches):
+    data = batches(1, 64)
+    deltas = []
+    for clip in (None, 1e-3):
+        torch.manual_seed(0)
+        m = Small()
+        m.compile(torch.optim.SGD(m.parameters(), lr=1.0), clip_norm=clip)
+        before = m.out.weight.detach().clone()
+        m.train_step(data[0])
+        deltas.append(float((m.out.weight.detach() - before).norm()))
+    assert deltas[1] <= 1e-3 + 1e-7 < deltas[0]
+
+
+def test_custom_loop_with_public_pull_and_push(batches):
+    m = Small()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    m.compile(opt)
+    m.train()
+    b = batches(1, 32)[0]
+    step = m.pull(b)
+    loss = torch.nn.functional.binary_cross_entropy(
+        m(b).squeeze(1), torch.from_numpy(b.labels[:, 0])
+    )
+    loss.backward()
+    grads = step["emb"].E.grad.clone()
+    w0 = m.tables["emb"].pull(step["emb"].keys, create=False)
+    m.push()
+    opt.step()
+    w1 = m.tables["emb"].pull(step["emb"].keys, create=False)
+    moved = np.abs(w1 - w0).sum(1) > 0
+    np.testing.assert_array_equal(moved, grads.abs().sum(1).numpy() > 0)
