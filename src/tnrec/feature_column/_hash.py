@@ -38,7 +38,6 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
 
 
-
 @numba.njit(nogil=True, cache=True)
 def _fnv1a64(data: npt.NDArray[np.uint8], start: int, stop: int) -> np.uint64:
     h = _FNV_OFFSET

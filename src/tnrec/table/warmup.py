@@ -26,7 +26,12 @@ def warm() -> float:
     mix64(keys)
     bucket_of(keys)
     policy = EvictionPolicy(show_threshold=0.5, max_unseen_days=1)
-    for opt, init in ((SGD(), zeros()), (AdaGrad(), normal()), (Adam(), uniform()), (Ftrl(), normal())):
+    for opt, init in (
+        (SGD(), zeros()),
+        (AdaGrad(), normal()),
+        (Adam(), uniform()),
+        (Ftrl(), normal()),
+    ):
         t = SparseTable(2, opt, name="warm", initializer=init, policy=policy)
         t.pull(keys)
         t.pull(keys, create=False)
