@@ -75,6 +75,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self._batch: Any = None
         self._heads: list[Head] = []
         self.optimizer: torch.optim.Optimizer | None = None
+        self.default_dense_optimizer: SparseOptimizer | torch.optim.Optimizer | None = None
         self.clip_norm: float | None = None
         self.click_label: str | None = None
         self.stop_training = False
@@ -281,7 +282,7 @@ class Model(TrainingLoops, torch.nn.Module):
 
     def compile(
         self,
-        dense_optimizer: SparseOptimizer | torch.optim.Optimizer,
+        dense_optimizer: SparseOptimizer | torch.optim.Optimizer | None = None,
         loss: str | LossFn | Mapping[str, str | LossFn] = "binary_crossentropy",
         metrics: Sequence[str | metrics_lib.Metric] | Mapping[str, Sequence[Any]] = (),
         *,
@@ -295,6 +296,8 @@ class Model(TrainingLoops, torch.nn.Module):
         Args:
             dense_optimizer: a ``torch.optim`` optimizer over ``model.parameters()``,
                 or ``tn.optimizer.Adam/AdaGrad/SGD`` (mapped, see :mod:`tnrec.optimizer`).
+                ``None`` uses the model's :attr:`default_dense_optimizer` (zoo
+                models set it from their constructor).
             loss: ``"binary_crossentropy"`` (the output is a probability),
                 ``"binary_crossentropy_from_logits"`` (the output is a logit;
                 predictions are its sigmoid), ``"mse"``, a callable
@@ -311,6 +314,13 @@ class Model(TrainingLoops, torch.nn.Module):
         Raises:
             ArgumentError: unknown loss or metric, bad clip_norm.
         """
+        if dense_optimizer is None:
+            dense_optimizer = self.default_dense_optimizer
+            if dense_optimizer is None:
+                raise ArgumentError(
+                    f"{type(self).__name__}.compile: `dense_optimizer` is required (this model "
+                    "sets no default_dense_optimizer). Received: dense_optimizer=None."
+                )
         self.optimizer = make_dense_optimizer(dense_optimizer, self.parameters())
         losses = dict(loss) if isinstance(loss, Mapping) else {SINGLE: loss}
         labels = dict(label) if isinstance(label, Mapping) else {SINGLE: label}

@@ -249,3 +249,12 @@ def test_custom_loop_with_public_pull_and_push(batches):
     w1 = m.tables["emb"].pull(step["emb"].keys, create=False)
     moved = np.abs(w1 - w0).sum(1) > 0
     np.testing.assert_array_equal(moved, grads.abs().sum(1).numpy() > 0)
+
+
+def test_compile_uses_the_models_default_dense_optimizer(batches):
+    m = Small()
+    with pytest.raises(ArgumentError, match="Small.compile: `dense_optimizer` is required"):
+        m.compile()
+    m.default_dense_optimizer = tn.optimizer.SGD(learning_rate=0.5)
+    m.compile()
+    assert isinstance(m.optimizer, torch.optim.SGD) and m.optimizer.param_groups[0]["lr"] == 0.5
