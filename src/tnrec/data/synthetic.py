@@ -53,7 +53,7 @@ How a day is drawn (every number below is a field of :class:`SyntheticConfig`):
 Everything is a pure function of ``seed`` and the config: each day, column and
 purpose (values, missing mask, churn, labels) has its own random stream
 (``SeedSequence(seed, spawn_key=(day, stream))``), and the Parquet files are
-byte-identical for the same config and pyarrow version.
+byte-identical for the same config, numpy and pyarrow versions.
 
 Example:
     >>> from tnrec.data.synthetic import SyntheticConfig, generate
@@ -113,6 +113,7 @@ CRITEO_CARDINALITIES: tuple[int, ...] = (
 
 _MAX_CARDINALITY = 1 << 31
 _MAX_DAYS = 3660
+_MAX_ROWS = 100_000_000  # per day: 8 hex chars x rows must fit Arrow's int32 string offsets
 _SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MASK53 = 2.0**-53
 
@@ -379,10 +380,10 @@ def _check_rates(name: str, values: Sequence[float], n: int) -> None:
 
 
 def _validate(c: SyntheticConfig) -> None:
-    _check_int("rows_per_day", c.rows_per_day, 1, 1 << 32)
+    _check_int("rows_per_day", c.rows_per_day, 1, _MAX_ROWS)
     _check_int("num_days", c.num_days, 1, _MAX_DAYS)
     if c.test_rows is not None:
-        _check_int("test_rows", c.test_rows, 1, 1 << 32)
+        _check_int("test_rows", c.test_rows, 1, _MAX_ROWS)
     _check_int("parts_per_day", c.parts_per_day, 1, min(c.rows_per_day, c.test_rows or 1 << 32))
     _check_int("row_group_rows", c.row_group_rows, 1, 1 << 31)
     _check_int("seed", c.seed, 0, (1 << 63) - 1)

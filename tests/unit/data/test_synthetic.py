@@ -184,6 +184,7 @@ def test_roc_auc_errors(labels: list, scores: list, match: str) -> None:
     ("kwargs", "match"),
     [
         ({"rows_per_day": 0}, r"`rows_per_day` must be an int in \[1, .*rows_per_day=0"),
+        ({"test_rows": 100_000_001}, r"`test_rows` must be an int in \[1, 100000000\]"),
         ({"num_days": 1.5}, r"`num_days` must be an int"),
         ({"test_rows": -1}, r"`test_rows` must be an int"),
         ({"rows_per_day": 10, "parts_per_day": 11}, r"`parts_per_day` must be an int in \[1, 10\]"),
@@ -204,7 +205,7 @@ def test_roc_auc_errors(labels: list, scores: list, match: str) -> None:
         ({"crosses": ((3, 3, 0.1),)}, r"`crosses` must be \(column a, column b != a"),
         ({"crosses": ((1, 2, -0.1),)}, r"`crosses` must be"),
         (
-            {"rows_per_day": 1 << 30, "num_days": 4},
+            {"rows_per_day": 100_000_000, "num_days": 50},
             r"ids must fit in 32 bits",
         ),
     ],
