@@ -197,6 +197,7 @@ def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
         **rates("push_unchecked", unchecked_t, b),
         "bytes_per_key_rss": (after - before) / n_keys,
         "bytes_per_key_stats": stats.bytes_per_key,
+        "rss_before_bytes": before,
         "load_factor": stats.load_factor,
         "peak_rss_bytes": peak_rss_bytes(),
         "numba_threads": numba.config.NUMBA_NUM_THREADS,
@@ -375,6 +376,7 @@ TNREC_COLUMNS = [
     ("push_unchecked", "push_unchecked_mkeys_s", f1),
     ("B/key RSS", "bytes_per_key_rss", f0),
     ("B/key stats", "bytes_per_key_stats", f0),
+    ("RSS before MiB", "rss_before_bytes", mib),
     ("peak RSS MiB", "peak_rss_bytes", mib),
 ]
 REFERENCES = [
@@ -389,7 +391,7 @@ def report(results: list[dict[str, Any]]) -> str:
     ok = [r for r in results if "error" not in r]
     out = [
         "tnrec SparseTable: Mkeys/s = unique keys per second in the best batch; "
-        "fill = pull(create=True) of new keys",
+        "fill = pull(create=True) of new keys; RSS before = after imports, before the table",
         fmt_table(
             ["dim", "keys", "optimizer", *(c[0] for c in TNREC_COLUMNS)],
             [
