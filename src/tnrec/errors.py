@@ -50,3 +50,7 @@ class DataError(TnrecError, ValueError):
 
 class SpecError(TnrecError, ValueError):
     """A feature column or feature-spec document is invalid."""
+
+
+class DistributedError(TnrecError, RuntimeError):
+    """A collective failed or timed out, or the process group is misconfigured."""

@@ -12,7 +12,8 @@ import numpy.typing as npt
 import torch
 
 from tnrec import metrics as metrics_lib
-from tnrec.errors import ArgumentError
+from tnrec.distribute import current_strategy
+from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.layers import EmbeddingFeatures
 from tnrec.losses import LOSSES, SINGLE, Head, LossFn, mse
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
@@ -79,6 +80,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self.clip_norm: float | None = None
         self.click_label: str | None = None
         self.stop_training = False
+        self._loss_state = np.zeros(2, np.float64)  # [sum of w * loss, sum of w], this worker
 
     # ------------------------------------------------------------------ tables
 
@@ -100,8 +102,9 @@ class Model(TrainingLoops, torch.nn.Module):
     ) -> None:
         """Create one table per table name (layers naming one table share it) and the PS.
 
-        Called by ``compile`` (and by the first ``pull`` if needed). A
-        distributed strategy passes ``ps_factory`` to shard the tables.
+        Called by ``compile`` (and by the first ``pull`` if needed). Under a
+        :class:`~tnrec.distribute.PsStrategy` the tables are sharded over the
+        workers and the dense parameters are broadcast from rank 0.
 
         Raises:
             ArgumentError: layers sharing a table disagree on dim, optimizer,
@@ -130,7 +133,12 @@ class Model(TrainingLoops, torch.nn.Module):
                 policy=first.policy,
             )
         self._table_layers = groups
-        self._ps = (ps_factory or LocalPS)(tables)
+        if ps_factory is None:
+            strategy = current_strategy()
+            ps_factory = strategy.make_ps if strategy is not None else LocalPS
+        self._ps = ps_factory(tables)
+        # Every worker starts from rank 0's dense parameters.
+        self._ps.broadcast_parameters([*self.parameters(), *self.buffers()])
 
     @property
     def ps(self) -> Any:
@@ -398,25 +406,32 @@ class Model(TrainingLoops, torch.nn.Module):
         return batch.label(head.label)
 
     def compute_loss(
-        self, batch: Any, outputs: Any
+        self, batch: Any, outputs: Any, norm: float | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Return the normalised loss and each head's predictions.
+        """Return this worker's term of the normalised loss and each head's predictions.
 
         ``loss = sum_heads weight_h * sum_i w_i * loss_h(i) / sum_i w_i`` where
-        ``w`` are the sample weights (1 without), and the normaliser ``sum_i w_i``
-        is summed over every worker's batch.
+        ``w`` are the sample weights (1 without) and the normaliser ``norm =
+        sum_i w_i`` runs over every worker's batch (all-reduced when not given).
+        Each worker back-propagates its own rows' term; the terms of all workers
+        add up to the loss one worker would compute on the global batch.
         """
         w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
-        norm = float(self.ps.all_reduce_sum(np.array([w.sum()], np.float64))[0])
+        if norm is None:
+            norm = float(self.ps.all_reduce_sum(np.array([w.sum()], np.float64))[0])
         wt = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))  # [B]
         total = torch.zeros(())
+        weighted_sum = 0.0
         preds = {}
+        by_head = self._outputs_by_head(outputs)
         for h in self._heads:
-            out = self._outputs_by_head(outputs)[h.name]  # [B]
+            out = by_head[h.name]  # [B]
             y = torch.from_numpy(np.ascontiguousarray(self._label(h, batch), dtype=np.float32))
-            per_row = h.loss(out, y)  # [B]
-            total = total + h.weight * (per_row * wt).sum() / max(norm, 1e-12)
+            per_row = h.loss(out, y) * wt  # [B]
+            total = total + h.weight * per_row.sum() / max(norm, 1e-12)
+            weighted_sum += h.weight * float(per_row.detach().sum())
             preds[h.name] = h.to_prediction(out.detach())
+        self._loss_state += (weighted_sum, float(w.sum()))
         return total, preds
 
     def _update_metrics(self, batch: Any, preds: dict[str, torch.Tensor]) -> None:
@@ -427,30 +442,57 @@ class Model(TrainingLoops, torch.nn.Module):
                 for m in h.metrics:
                     m.update(y, p, batch.weights)
 
+    def _global_size(self, batch: Any) -> tuple[float, float]:
+        """Return ``(rows, sum of sample weights)`` of the global batch (one all-reduce)."""
+        w = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
+        total = self.ps.all_reduce_sum(np.array([batch.size, w], np.float64))
+        return float(total[0]), float(total[1])
+
     # ------------------------------------------------------------------ steps
 
     def train_step(self, batch: Any) -> dict[str, float]:
         """One training step: pull, forward, loss, backward, push, dense step, metrics.
 
         Override it to change the step; ``fit`` calls it once per batch. A step
-        on an empty global batch does nothing.
+        whose global batch is empty does nothing.
 
         Returns:
-            ``{"loss": ...}`` for this batch.
+            ``{"loss": ...}``: this worker's term of the step's loss (the loss
+            itself in one process; the terms of all workers add up to it).
+
+        Raises:
+            NonFiniteError: a gradient is NaN or infinite on any worker; no
+                table and no dense parameter is updated.
         """
-        if float(self.ps.all_reduce_sum(np.array([batch.size], np.float64))[0]) == 0:
+        rows, weight = self._global_size(batch)
+        if rows == 0:
             return {}
-        self.pull(batch)
-        outputs = self(batch)
-        loss, preds = self.compute_loss(batch, outputs)
         opt = self.optimizer
         if opt is None:
             raise ArgumentError("Model.train_step: call model.compile(...) first.")
+        step = self.pull(batch)
+        outputs = self(batch)
+        loss, preds = self.compute_loss(batch, outputs, norm=weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        self.ps.all_reduce_grads([p for p in self.parameters() if p.requires_grad])
+        params = [p for p in self.parameters() if p.requires_grad]
+        bad_sparse = sum(
+            int(tm.E.grad is not None and not bool(torch.isfinite(tm.E.grad).all()))
+            for tm in step.values()
+        )
+        flags = self.ps.all_reduce_grads(params, np.array([bad_sparse], np.float64))
+        bad_dense = any(
+            p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in params
+        )
+        if flags[0] or bad_dense:
+            self._release()
+            raise NonFiniteError(
+                f"{type(self).__name__}.train_step: the loss or a gradient is NaN or infinite "
+                f"(sparse on {int(flags[0])} worker(s), dense: {bad_dense}); nothing was updated. "
+                "Check the inputs, the loss and the learning rates."
+            )
         if self.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.parameters(), self.clip_norm)
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
         self.push()
         opt.step()
         self._update_metrics(batch, preds)
@@ -458,12 +500,13 @@ class Model(TrainingLoops, torch.nn.Module):
 
     def test_step(self, batch: Any) -> dict[str, float]:
         """One evaluation step (no table changes): pull without creating, forward, metrics."""
-        if batch.size == 0:
+        rows, weight = self._global_size(batch)
+        if rows == 0:
             return {}
         with torch.no_grad():
             self.pull(batch)
             outputs = self(batch)
-            loss, preds = self.compute_loss(batch, outputs)
+            loss, preds = self.compute_loss(batch, outputs, norm=weight)
         self._release()
         self._update_metrics(batch, preds)
         self._last_preds = preds

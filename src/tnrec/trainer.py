@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +21,7 @@ class TrainingLoops:
 
     _heads: list[Head]
     _last_preds: dict[str, Any]
+    _loss_state: np.ndarray
     stop_training: bool
     ps: Any
     training: bool
@@ -36,12 +37,15 @@ class TrainingLoops:
         def _require_compiled(self, verb: str) -> None: ...
 
     def _reset_metrics(self) -> None:
+        self._loss_state = np.zeros(2, np.float64)
         for h in self._heads:
             for m in h.metrics:
                 m.reset()
 
     def _metric_logs(self, reduce: bool) -> dict[str, float]:
-        logs = {}
+        """Return loss and metrics; ``reduce`` sums their statistics over workers first."""
+        loss = self.ps.all_reduce_sum(self._loss_state) if reduce else self._loss_state
+        logs = {"loss": float(loss[0] / loss[1]) if loss[1] else 0.0}
         for h in self._heads:
             for m in h.metrics:
                 if reduce:
@@ -49,6 +53,51 @@ class TrainingLoops:
                 key = m.name if h.name == SINGLE else f"{h.name}_{m.name}"
                 logs[key] = float(m.result())
         return logs
+
+    def _worker_part(self, data: Iterable[Any]) -> Iterable[Any]:
+        """Split a whole tnrec reader per worker; anything else is taken as this worker's part."""
+        W = self.ps.world_size
+        if W > 1 and getattr(data, "world_size", None) == 1 and hasattr(data, "split"):
+            return data.split(self.ps.rank, W)  # type: ignore[attr-defined]
+        return data
+
+    def _synced(self, data: Iterable[Any], steps: int | None) -> Iterator[Any]:
+        """Yield batches while any worker has one; a worker out of data yields empty batches.
+
+        One small all-reduce per step tells whether any worker still has data,
+        so uneven input never deadlocks the collectives of a step.
+        """
+        part = self._worker_part(data)
+        it = iter(part)
+        template = None
+        step = 0
+        while steps is None or step < steps:
+            batch = next(it, None)
+            if batch is not None:
+                template = batch
+            if self.ps.world_size == 1:
+                if batch is None:
+                    return
+            else:
+                more = self.ps.all_reduce_sum(np.array([batch is not None], np.float64))[0]
+                if more == 0:
+                    return
+                if batch is None:
+                    batch = self._empty_batch(part, template)
+            step += 1
+            yield batch
+
+    @staticmethod
+    def _empty_batch(part: Any, template: Any) -> Any:
+        if hasattr(part, "empty_batch"):
+            return part.empty_batch()
+        if template is not None:
+            return template.slice(0, 0)
+        raise ArgumentError(
+            "This worker got no batch at all and its data has no empty_batch(): pass a tnrec "
+            "reader (or give every worker at least one batch) so it can join the other workers' "
+            "steps with empty batches."
+        )
 
     def fit(
         self,
@@ -62,6 +111,11 @@ class TrainingLoops:
     ) -> History:
         """Train for ``epochs`` passes over ``data`` (batches, re-iterated each epoch).
 
+        Under a :class:`~tnrec.distribute.PsStrategy` a whole tnrec reader is
+        split per worker (``reader.split(rank, W)``); every worker keeps taking
+        steps, with empty batches once its part is exhausted, until all are
+        done, so every row is trained exactly once per epoch.
+
         Args:
             data: batches (a tnrec reader, or any re-iterable of ``tnrec.data.Batch``).
             epochs: passes over ``data``.
@@ -69,11 +123,12 @@ class TrainingLoops:
             steps_per_epoch: stop an epoch after this many steps.
             validation_data: evaluated after every epoch; its metrics appear as ``val_*``.
             verbose: 0 silent; 1 a progress bar on a terminal, a log line every
-                ``log_every`` steps otherwise, and one line per epoch.
+                ``log_every`` steps otherwise, and one line per epoch (rank 0 only).
             log_every: steps between log lines when not on a terminal.
 
         Returns:
-            The :class:`~tnrec.callbacks.History` of per-epoch metrics.
+            The :class:`~tnrec.callbacks.History` of per-epoch metrics (global
+            over workers).
         """
         self._require_compiled("fit")
         if not isinstance(epochs, int) or epochs < 0:
@@ -90,34 +145,19 @@ class TrainingLoops:
             self._reset_metrics()
             for cb in cbs:
                 cb.on_epoch_begin(epoch)
-            bar = (
-                ProgressBar(steps_per_epoch, log_every=log_every)
-                if verbose and self.ps.rank == 0
-                else None
-            )
-            loss_sum, rows, step = 0.0, 0, 0
-            for batch in data:
-                if steps_per_epoch is not None and step >= steps_per_epoch:
-                    break
+            show = verbose and self.ps.rank == 0
+            bar = ProgressBar(steps_per_epoch, log_every=log_every) if show else None
+            rows = 0
+            for step, batch in enumerate(self._synced(data, steps_per_epoch), start=1):
                 logs = self.train_step(batch)
-                step += 1
                 rows += batch.size
-                loss_sum += logs.get("loss", 0.0) * batch.size
                 if bar is not None:
                     bar.samples = rows
                     if bar.due(step):
-                        running = {
-                            "loss": loss_sum / max(rows, 1),
-                            **self._metric_logs(reduce=False),
-                        }
-                        bar.update(step, rows, running)
+                        bar.update(step, rows, self._metric_logs(reduce=False))
                 for cb in cbs:
                     cb.on_train_batch_end(step, logs)
-            total = self.ps.all_reduce_sum(np.array([loss_sum, rows], np.float64))
-            epoch_logs = {
-                "loss": float(total[0] / max(total[1], 1)),
-                **self._metric_logs(reduce=True),
-            }
+            epoch_logs = self._metric_logs(reduce=True)
             if validation_data is not None:
                 val = self.evaluate(validation_data, verbose=0)
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
@@ -139,49 +179,45 @@ class TrainingLoops:
         verbose: int = 1,
         exact_auc: bool = False,
     ) -> dict[str, float]:
-        """Return loss and metrics over ``data``; no table is changed.
+        """Return loss and metrics over ``data`` (global over workers); no table is changed.
 
         Args:
-            data: batches.
+            data: batches (split per worker like in :meth:`fit`).
             steps: stop after this many batches.
-            verbose: 1 prints one line with the results.
-            exact_auc: also gather every prediction and report the exact
-                ``auc_exact`` (per head) next to the streaming ``auc``.
+            verbose: 1 prints one line with the results (rank 0).
+            exact_auc: also gather every prediction (from every worker) and
+                report the exact ``auc_exact`` (per head) next to the streaming ``auc``.
         """
         self._require_compiled("evaluate")
         was_training = self.training
         self.eval()
         self._reset_metrics()
-        loss_sum, rows = 0.0, 0
         kept: dict[str, list[tuple[Any, Any, Any]]] = {h.name: [] for h in self._heads}
         try:
-            for step, batch in enumerate(data):
-                if steps is not None and step >= steps:
-                    break
-                logs = self.test_step(batch)
-                loss_sum += logs.get("loss", 0.0) * batch.size
-                rows += batch.size
+            for batch in self._synced(data, steps):
+                self.test_step(batch)
                 if exact_auc and batch.size:
                     for h in self._heads:
+                        w = batch.weights if batch.weights is not None else np.ones(batch.size)
                         kept[h.name].append(
-                            (self._label(h, batch), self._last_preds[h.name].numpy(), batch.weights)
+                            (self._label(h, batch), self._last_preds[h.name].numpy(), w)
                         )
         finally:
             self.train(was_training)
-        total = self.ps.all_reduce_sum(np.array([loss_sum, rows], np.float64))
-        logs = {"loss": float(total[0] / max(total[1], 1)), **self._metric_logs(reduce=True)}
+        logs = self._metric_logs(reduce=True)
         if exact_auc:
             for h in self._heads:
                 parts = kept[h.name]
-                y = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
-                p = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
-                w = (
-                    None
-                    if not parts or parts[0][2] is None
-                    else np.concatenate([p[2] for p in parts])
-                )
+                cols = [
+                    self.ps.all_gather(
+                        np.concatenate([p[i] for p in parts]).astype(np.float64)
+                        if parts
+                        else np.zeros(0)
+                    )
+                    for i in range(3)
+                ]
                 key = "auc_exact" if h.name == SINGLE else f"{h.name}_auc_exact"
-                logs[key] = float(metrics_lib.exact_auc(y, p, w))
+                logs[key] = float(metrics_lib.exact_auc(cols[0], cols[1], cols[2]))
         if verbose and self.ps.rank == 0:
             print("evaluate - " + " - ".join(f"{k}: {v:.4g}" for k, v in logs.items()), flush=True)
         return logs
@@ -189,7 +225,8 @@ class TrainingLoops:
     def predict(self, data: Iterable[Any], steps: int | None = None) -> dict[str, np.ndarray]:
         """Return row ids, labels and predictions over ``data``, as TensorNet does.
 
-        No table changes.
+        No table changes. Under a :class:`~tnrec.distribute.PsStrategy` each
+        worker returns the rows of its own part (write one file per worker).
 
         Returns:
             ``{"row_id": int64[N], <label name>: float32[N] ..., "prediction": float32[N]}``
@@ -199,9 +236,7 @@ class TrainingLoops:
         self.eval()
         out: dict[str, list[np.ndarray]] = {"row_id": []}
         try:
-            for step, batch in enumerate(data):
-                if steps is not None and step >= steps:
-                    break
+            for batch in self._synced(data, steps):
                 preds = self.predict_step(batch)
                 out["row_id"].append(batch.row_ids)
                 for j, name in enumerate(batch.label_names):

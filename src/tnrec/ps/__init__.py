@@ -1,6 +1,8 @@
-"""Routing keys to tables and pulling/pushing rows (local now; sharded over workers later)."""
+"""Routing keys to owners and pulling/pushing rows: locally, or sharded over the workers."""
 
+from tnrec.ps.comm import Comm
 from tnrec.ps.local import LocalPS
+from tnrec.ps.sharded import ShardedPS, owner_of
 from tnrec.ps.unique import unique_inverse
 
-__all__ = ["LocalPS", "unique_inverse"]
+__all__ = ["Comm", "LocalPS", "ShardedPS", "owner_of", "unique_inverse"]

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from tnrec.errors import NonFiniteError
 from tnrec.table import SparseTable
@@ -61,8 +62,21 @@ class LocalPS:
         for name, k in keys.items():
             self.tables[name].push_unchecked(k, grads[name], show[name], click[name])
 
-    def all_reduce_grads(self, params: list) -> None:
-        """Sum dense gradients over workers; nothing to do in one process."""
+    def all_reduce_grads(
+        self, params: list[torch.nn.Parameter], extra: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """Sum dense gradients and ``extra`` over workers; nothing to do in one process."""
+        return extra
+
+    def broadcast_parameters(self, tensors: list[torch.Tensor]) -> None:
+        """Copy rank 0's values to every worker; nothing to do in one process."""
+
+    def barrier(self, phase: str = "barrier") -> None:
+        """Wait for every worker; nothing to do in one process."""
+
+    def all_gather(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Concatenate every worker's ``values`` in rank order; the identity in one process."""
+        return values
 
     def all_reduce_sum(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """Sum ``values`` over workers; the identity in one process."""

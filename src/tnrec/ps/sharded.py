@@ -1,0 +1,306 @@
+"""The sharded parameter server: every worker owns the keys of its buckets, for every table.
+
+Routing (fixed, portable, pinned by tests)::
+
+    bucket(key) = mix64(key) % 1024        owner(key) = bucket(key) % W
+
+One step, for all tables together (T tables, W workers):
+
+    pull   1. each worker sorts its unique keys by owner, then table;
+           2. all_to_all of counts  [W, T] int64;
+           3. all_to_all of keys    (8 bytes a key);
+           4. each owner de-duplicates what it received per table, pulls each key
+              once, and all_to_all returns one row per requested key (4*D bytes).
+    push   5. one all_to_all carries [grad (D floats), show, click] per key in the
+              same order as the pull, so keys are not sent again; each owner sums
+              the contributions for a key and applies the optimizer once.
+
+Owners add gradients without further scaling (the loss is already divided by
+the global batch weight) and show/click stay raw counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from tnrec.errors import NonFiniteError
+from tnrec.ps.comm import Comm
+from tnrec.ps.unique import unique_inverse
+from tnrec.table import SparseTable, bucket_of
+
+
+def owner_of(keys: npt.NDArray[np.int64], world_size: int) -> npt.NDArray[np.int64]:
+    """Return the worker that owns each key: ``(mix64(key) % 1024) % world_size``."""
+    return bucket_of(keys) % world_size
+
+
+@dataclass
+class _Requested:
+    """The requesting side of one table's pull, kept for the push."""
+
+    order: npt.NDArray[np.int64]  # [U] the table's keys sorted by owner (stable)
+    counts: npt.NDArray[np.int64]  # [W] keys sent to each owner
+
+
+@dataclass
+class _Owned:
+    """The owning side of one table's pull, kept for the push."""
+
+    keys: npt.NDArray[np.int64]  # [V] unique received keys
+    inverse: npt.NDArray[np.int64]  # [R] received key -> index in keys
+    counts: npt.NDArray[np.int64]  # [W] keys received from each worker
+
+
+class ShardedPS:
+    """Pull/push rows of tables sharded over all workers (see the module docstring).
+
+    Args:
+        tables: this worker's shard of every table, by name (same names on every worker).
+        comm: the collectives.
+    """
+
+    def __init__(self, tables: Mapping[str, SparseTable], comm: Comm) -> None:
+        self.tables = dict(tables)
+        self.comm = comm
+        self.rank = comm.rank
+        self.world_size = comm.world_size
+        self._names = sorted(self.tables)
+        self._req: dict[str, _Requested] = {}
+        self._own: dict[str, _Owned] = {}
+
+    def owns(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Return which of ``keys`` this worker owns."""
+        return owner_of(keys, self.world_size) == self.rank
+
+    # ---------------------------------------------------------------- pull
+
+    def pull(
+        self, keys: Mapping[str, npt.NDArray[np.int64]], create: bool
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Return the rows of each table's unique ``keys`` from their owners (``float32[U, D]``)."""
+        W, names = self.world_size, self._names
+        empty = np.zeros(0, np.int64)
+        send_keys, send_counts = [], np.zeros((W, len(names)), np.int64)  # [W, T]
+        for t, name in enumerate(names):
+            k = keys.get(name, empty)
+            owner = owner_of(k, W)
+            order = np.argsort(owner, kind="stable")
+            counts = np.bincount(owner, minlength=W)
+            self._req[name] = _Requested(order, counts)
+            send_counts[:, t] = counts
+            send_keys.append((k[order], counts))
+        # Flat send buffer grouped by destination, then table.
+        flat = _group_by_dest([(ks, c) for ks, c in send_keys], W)
+        recv_counts = (
+            self.comm.all_to_all(
+                torch.from_numpy(send_counts.reshape(-1)),
+                [len(names)] * W,
+                [len(names)] * W,
+                "pull: exchange key counts",
+            )
+            .numpy()
+            .reshape(W, len(names))
+        )  # [W sources, T]
+        recv_keys = self.comm.all_to_all(
+            torch.from_numpy(flat),
+            send_counts.sum(1).tolist(),
+            recv_counts.sum(1).tolist(),
+            "pull: exchange keys",
+        ).numpy()
+        # Owner side: per table, the received keys of every source, de-duplicated.
+        segments = _split_by_source(recv_keys, recv_counts)  # [W][T] arrays
+        replies: list[list[np.ndarray]] = [[] for _ in range(W)]
+        for t, name in enumerate(names):
+            got = np.concatenate([segments[s][t] for s in range(W)])
+            uniq, inverse = unique_inverse(got)
+            rows = self.tables[name].pull_unchecked(uniq, create)  # [V, D]
+            self._own[name] = _Owned(uniq, inverse, recv_counts[:, t])
+            per_key = rows[inverse]  # [R, D]
+            at = 0
+            for s in range(W):
+                n = int(recv_counts[s, t])
+                replies[s].append(per_key[at : at + n].reshape(-1))
+                at += n
+        reply_flat = np.concatenate([a for parts in replies for a in parts]).astype(np.float32)
+        dims = np.array([self.tables[n].dim for n in names], np.int64)
+        got_rows = self.comm.all_to_all(
+            torch.from_numpy(reply_flat),
+            (recv_counts * dims).sum(1).tolist(),
+            (send_counts * dims).sum(1).tolist(),
+            "pull: return rows",
+        ).numpy()
+        return self._scatter_back(got_rows, send_counts, dims)
+
+    def _scatter_back(
+        self, flat: np.ndarray, send_counts: np.ndarray, widths: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """Put rows received from owners (grouped by owner, then table) back in key order."""
+        names, W = self._names, self.world_size
+        out = {}
+        for t, name in enumerate(names):
+            req = self._req[name]
+            w = int(widths[t])
+            out[name] = np.empty((req.order.shape[0], w), np.float32)
+        at = 0
+        filled = {n: 0 for n in names}
+        for d in range(W):
+            for t, name in enumerate(names):
+                n, w = int(send_counts[d, t]), int(widths[t])
+                block = flat[at : at + n * w].reshape(n, w)
+                at += n * w
+                req = self._req[name]
+                out[name][req.order[filled[name] : filled[name] + n]] = block
+                filled[name] += n
+        return out
+
+    # ---------------------------------------------------------------- push
+
+    def push(
+        self,
+        keys: Mapping[str, npt.NDArray[np.int64]],
+        grads: Mapping[str, npt.NDArray[np.float32]],
+        show: Mapping[str, npt.NDArray[np.float32]],
+        click: Mapping[str, npt.NDArray[np.float32]],
+    ) -> None:
+        """Send each key's gradient and show/click to its owner, which applies them once.
+
+        ``keys`` must be those of the preceding :meth:`pull`, in the same order.
+        """
+        W, names = self.world_size, self._names
+        parts = []
+        for name in names:
+            req = self._req[name]
+            g = grads.get(name)
+            n = req.order.shape[0]
+            D = self.tables[name].dim
+            packed = np.empty((n, D + 2), np.float32)  # [U, D + 2]: grad, show, click
+            if n:
+                packed[:, :D] = g
+                packed[:, D] = show[name]
+                packed[:, D + 1] = click[name]
+            parts.append((packed[req.order], req.counts))
+        flat = _group_by_dest(parts, W)
+        widths = np.array([self.tables[n].dim + 2 for n in names], np.int64)
+        send_counts = np.stack([self._req[n].counts for n in names], 1)  # [W, T]
+        recv_counts = np.stack([self._own[n].counts for n in names], 1)  # [W, T]
+        recv = self.comm.all_to_all(
+            torch.from_numpy(flat),
+            (send_counts * widths).sum(1).tolist(),
+            (recv_counts * widths).sum(1).tolist(),
+            "push: send gradients",
+        ).numpy()
+        blocks = _split_rows_by_source(recv, recv_counts, widths)  # [W][T] arrays [n, D+2]
+        for t, name in enumerate(names):
+            own = self._own[name]
+            got = np.concatenate([blocks[s][t] for s in range(W)])  # [R, D + 2]
+            summed = torch.zeros((own.keys.shape[0], got.shape[1]), dtype=torch.float32)
+            summed.index_add_(0, torch.from_numpy(own.inverse), torch.from_numpy(got))
+            acc = summed.numpy()  # [V, D + 2]
+            D = self.tables[name].dim
+            if not np.isfinite(acc).all():
+                raise NonFiniteError(
+                    f'Table "{name}" (rank {self.rank}): a pushed gradient is NaN or infinite.'
+                )
+            self.tables[name].push_unchecked(
+                own.keys,
+                np.ascontiguousarray(acc[:, :D]),
+                np.ascontiguousarray(acc[:, D]),
+                np.ascontiguousarray(acc[:, D + 1]),
+            )
+
+    # ---------------------------------------------------------------- dense
+
+    def all_reduce_sum(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Sum ``values`` over workers."""
+        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64).copy())
+        return self.comm.all_reduce_sum(t, "all-reduce statistics").numpy()
+
+    def all_gather(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Concatenate every worker's 1-D ``values`` in rank order (two all-reduces)."""
+        sizes = np.zeros(self.world_size, np.float64)
+        sizes[self.rank] = values.shape[0]
+        sizes = self.all_reduce_sum(sizes).astype(np.int64)
+        start = int(sizes[: self.rank].sum())
+        buf = np.zeros(int(sizes.sum()), np.float64)
+        buf[start : start + values.shape[0]] = values
+        return self.all_reduce_sum(buf)
+
+    def all_reduce_grads(
+        self, params: list[torch.nn.Parameter], extra: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """Sum every dense gradient, and small ``extra`` counts, over workers in one all-reduce.
+
+        The buffer is float32 (the parameters' dtype): ``extra`` must hold small
+        integer-valued counts, which float32 sums exactly.
+        """
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([*(g.reshape(-1).float() for g in grads), torch.from_numpy(extra).float()])
+        self.comm.all_reduce_sum(flat, "all-reduce dense gradients")
+        at = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[at : at + n].view_as(p).to(p.dtype)
+            at += n
+        return flat[at:].numpy().astype(np.float64)
+
+    def broadcast_parameters(self, tensors: list[torch.Tensor]) -> None:
+        """Copy rank 0's values of ``tensors`` (parameters, buffers) to every worker."""
+        if not tensors:
+            return
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+        self.comm.broadcast(flat, "broadcast parameters from rank 0")
+        at = 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[at : at + n].view_as(t).to(t.dtype))
+                at += n
+
+    def barrier(self, phase: str = "barrier") -> None:
+        """Wait for every worker."""
+        self.comm.barrier(phase)
+
+
+def _group_by_dest(parts: list[tuple[np.ndarray, np.ndarray]], W: int) -> np.ndarray:
+    """Concatenate tables' owner-sorted arrays into one flat buffer grouped by owner, then table."""
+    chunks = []
+    starts = [np.concatenate([[0], np.cumsum(c)]) for _, c in parts]
+    for d in range(W):
+        for (arr, _), st in zip(parts, starts, strict=True):
+            chunks.append(arr[st[d] : st[d + 1]].reshape(-1))
+    if not chunks:
+        return np.zeros(0, np.int64)
+    return np.concatenate(chunks)
+
+
+def _split_by_source(flat: np.ndarray, counts: np.ndarray) -> list[list[np.ndarray]]:
+    """Split a buffer grouped by source, then table, into ``[source][table]`` arrays."""
+    out, at = [], 0
+    for s in range(counts.shape[0]):
+        row = []
+        for t in range(counts.shape[1]):
+            n = int(counts[s, t])
+            row.append(flat[at : at + n])
+            at += n
+        out.append(row)
+    return out
+
+
+def _split_rows_by_source(
+    flat: np.ndarray, counts: np.ndarray, widths: np.ndarray
+) -> list[list[np.ndarray]]:
+    """Like :func:`_split_by_source` for rows of ``widths[t]`` floats."""
+    out, at = [], 0
+    for s in range(counts.shape[0]):
+        row = []
+        for t in range(counts.shape[1]):
+            n, w = int(counts[s, t]), int(widths[t])
+            row.append(flat[at : at + n * w].reshape(n, w))
+            at += n * w
+        out.append(row)
+    return out

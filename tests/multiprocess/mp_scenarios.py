@@ -1,0 +1,234 @@
+"""Scenarios run by every worker under torchrun, and in-process as the 1-worker reference.
+
+Run as ``torchrun --nproc-per-node W mp_scenarios.py SCENARIO OUT_DIR``; each
+worker writes ``OUT_DIR/<scenario>-rank<r>.npz``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import tnrec as tn
+from tnrec.data.batch import Batch, Jagged
+from tnrec.table import AdaGrad, Adam, Ftrl
+
+fc = tn.feature_column
+STEPS = 50
+OPTIMIZERS = {
+    "adagrad": lambda: AdaGrad(0.1, initial_g2sum=0.1),
+    "adam": lambda: Adam(0.01),
+    "ftrl": lambda: Ftrl(0.1, l1=0.0, l2=0.1),
+}
+
+
+class ContractModel(tn.Model):
+    """Two tables of different dims; table "shared" serves two layers; a mean column."""
+
+    def __init__(self, opt):
+        super().__init__()
+        user, item, tags = (fc.category_column(k) for k in ("user", "item", "tags"))
+        self.a = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(user, 4), fc.embedding_column(tags, 4, combiner="mean")],
+            opt,
+            table="shared",
+            output="concat",
+        )
+        self.b = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(item, 4)], opt, table="shared", output="concat"
+        )
+        self.c = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(user, 2), fc.embedding_column(item, 2)], opt, output="concat"
+        )
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(18, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+        )
+
+    def forward_dense(self, pooled, dense):
+        return self.mlp(torch.cat([pooled["a"], pooled["b"], pooled["c"], dense], 1))
+
+
+def _jagged(lists):
+    offsets = np.zeros(len(lists) + 1, np.int64)
+    np.cumsum([len(x) for x in lists], out=offsets[1:])
+    keys = np.array([k for x in lists for k in x], np.int64)
+    return Jagged(keys, offsets)
+
+
+def global_batch(step: int) -> Batch:
+    """The global batch of ``step``: 6-40 rows, keys from small pools (shared across workers)."""
+    rng = np.random.default_rng(1000 + step)
+    B = int(rng.integers(6, 41))
+    users = rng.integers(0, 25, B) * 7919 - 90_000
+    items = rng.integers(0, 15, B) + (1 << 40)
+    tags = [list(rng.integers(0, 12, rng.integers(0, 4))) for _ in range(B)]
+    dense = rng.normal(size=(B, 2)).astype(np.float32)
+    y = ((users % 3 == 0) ^ (items % 2 == 0)).astype(np.float32)
+    return Batch(
+        sparse={
+            "user": _jagged([[u] for u in users]),
+            "item": _jagged([[i] for i in items]),
+            "tags": _jagged(tags),
+        },
+        dense=dense,
+        dense_names=("d0", "d1"),
+        labels=y[:, None],
+        label_names=("label",),
+        weights=rng.uniform(0.5, 2.0, B).astype(np.float32),
+        row_ids=np.arange(step * 100, step * 100 + B, dtype=np.int64),
+    )
+
+
+def worker_slice(batch: Batch, step: int, rank: int, world: int) -> Batch:
+    """Contiguous, unequal slices by rank; every 5th step rank 0 gets an empty slice."""
+    rng = np.random.default_rng(step)
+    cuts = np.sort(rng.integers(0, batch.size + 1, world - 1))
+    if step % 5 == 0 and world > 1:
+        cuts[0] = 0
+    bounds = [0, *cuts.tolist(), batch.size]
+    return batch.slice(bounds[rank], bounds[rank + 1])
+
+
+def contract(opt_name: str, rank: int, world: int) -> dict[str, np.ndarray]:
+    """Train 50 steps on this worker's slices; return losses, dense params and owned rows."""
+    torch.manual_seed(0)
+    model = ContractModel(OPTIMIZERS[opt_name]())
+    model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
+    losses = []
+    for step in range(STEPS):
+        logs = model.train_step(worker_slice(global_batch(step), step, rank, world))
+        losses.append(float(model.ps.all_reduce_sum(np.array([logs.get("loss", 0.0)]))[0]))
+    out = {f"{opt_name}/loss": np.array(losses)}
+    for name, p in model.named_parameters():
+        out[f"{opt_name}/dense/{name}"] = p.detach().numpy()
+    for tname, table in model.tables.items():
+        for k, v in table.rows().items():
+            out[f"{opt_name}/table/{tname}/{k}"] = v
+    return out
+
+
+def run_contract(rank: int, world: int) -> dict[str, np.ndarray]:
+    out = {}
+    for opt_name in OPTIMIZERS:
+        out.update(contract(opt_name, rank, world))
+    return out
+
+
+def run_timeout(rank: int, world: int) -> dict[str, np.ndarray]:
+    """Rank 1 never joins the second collective; rank 0 must fail with a clear error."""
+    strategy = tn.distribute.current_strategy()
+    ps = tn.ps.ShardedPS({}, strategy.comm)
+    ps.all_reduce_sum(np.ones(1))
+    if rank == 1:
+        time.sleep(20)
+        return {}
+    try:
+        ps.all_reduce_sum(np.ones(1))
+    except tn.errors.DistributedError as e:
+        print(f"DistributedError: {e}", flush=True)
+        sys.exit(3)
+    return {}
+
+
+def run_crash(rank: int, world: int) -> dict[str, np.ndarray]:
+    """Rank 1 dies in step 3; every worker must exit non-zero."""
+    torch.manual_seed(0)
+    model = ContractModel(AdaGrad(0.1))
+    model.compile(tn.optimizer.Adam(0.01), loss="binary_crossentropy_from_logits")
+    for step in range(10):
+        if rank == 1 and step == 3:
+            os._exit(7)
+        model.train_step(worker_slice(global_batch(step), step, rank, world))
+    return {}
+
+
+def write_uneven_files(data_dir: str) -> list[str]:
+    """Three Parquet files of 60, 0 and 1 rows (worker r of 3 reads file r)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for i, n in enumerate([60, 0, 1]):
+        rng = np.random.default_rng(i)
+        table = pa.table(
+            {
+                "user": pa.array((rng.integers(0, 25, n) * 7919 - 90_000).tolist(), pa.int64()),
+                "item": pa.array((rng.integers(0, 15, n) + (1 << 40)).tolist(), pa.int64()),
+                "tags": pa.array(
+                    [rng.integers(0, 12, rng.integers(0, 4)).tolist() for _ in range(n)],
+                    pa.list_(pa.int64()),
+                ),
+                "d0": pa.array(rng.normal(size=n), pa.float64()),
+                "d1": pa.array(rng.normal(size=n), pa.float64()),
+                "label": pa.array(rng.integers(0, 2, n).astype(float), pa.float64()),
+            }
+        )
+        path = os.path.join(data_dir, f"part-{i}.parquet")
+        pq.write_table(table, path)
+        paths.append(path)
+    return paths
+
+
+def uneven_reader(data_dir: str):
+    cols = [fc.category_column(k) for k in ("user", "item", "tags")]
+    cols += [fc.numeric_column("d0"), fc.numeric_column("d1")]
+    files = sorted(
+        os.path.join(data_dir, f) for f in os.listdir(data_dir) if f.endswith(".parquet")
+    )
+    return tn.data.read_parquet(files, cols, batch_size=8, prefetch=0)
+
+
+class RowCounting(ContractModel):
+    def __init__(self, opt):
+        super().__init__(opt)
+        self.trained_rows: list[np.ndarray] = []
+
+    def train_step(self, batch):
+        self.trained_rows.append(batch.row_ids)
+        return super().train_step(batch)
+
+
+def run_uneven(rank: int, world: int, data_dir: str) -> dict[str, np.ndarray]:
+    """Train 10 identical steps; evaluate, predict and fit one epoch on uneven files."""
+    torch.manual_seed(0)
+    model = RowCounting(AdaGrad(0.1))
+    model.compile(
+        tn.optimizer.Adam(0.01),
+        loss="binary_crossentropy_from_logits",
+        metrics=["auc", "logloss", "ctr", "pctr", "copc"],
+    )
+    for step in range(10):
+        model.train_step(worker_slice(global_batch(step), step, rank, world))
+    model.trained_rows.clear()
+    logs = model.evaluate(uneven_reader(data_dir), verbose=0, exact_auc=True)
+    pred = model.predict(uneven_reader(data_dir))
+    model.fit(uneven_reader(data_dir), epochs=1, verbose=0)
+    out = {f"eval/{k}": np.array(v) for k, v in logs.items()}
+    out["predict/row_id"] = pred["row_id"]
+    out["predict/prediction"] = pred["prediction"]
+    out["trained_rows"] = np.concatenate(model.trained_rows)
+    return out
+
+
+SCENARIOS = {"contract": run_contract, "timeout": run_timeout, "crash": run_crash}
+
+
+def main() -> None:
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    timeout_s = float(sys.argv[3]) if len(sys.argv) > 3 else 120.0
+    torch.set_num_threads(1)
+    strategy = tn.distribute.PsStrategy(timeout_s=timeout_s)
+    if scenario == "uneven":
+        out = run_uneven(strategy.rank, strategy.world_size, sys.argv[4])
+    else:
+        out = SCENARIOS[scenario](strategy.rank, strategy.world_size)
+    np.savez(os.path.join(out_dir, f"{scenario}-rank{strategy.rank}.npz"), **out)
+    strategy.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""W workers train the same model as 1 worker; uneven data; failures do not hang."""
+
+import mp_scenarios
+import numpy as np
+import pytest
+
+
+def load(out_dir, scenario, world):
+    return [dict(np.load(out_dir / f"{scenario}-rank{r}.npz")) for r in range(world)]
+
+
+def merged_tables(parts, prefix):
+    """Union of every worker's shard of each table, sorted by key."""
+    tables = {}
+    for part in parts:
+        for k, v in part.items():
+            if k.startswith(prefix + "/table/"):
+                tname, array = k[len(prefix) + 7 :].split("/")
+                tables.setdefault(tname, {}).setdefault(array, []).append(v)
+    out = {}
+    for tname, arrays in tables.items():
+        keys = np.concatenate(arrays["keys"])
+        order = np.argsort(keys)
+        assert np.unique(keys).shape == keys.shape, "a key lives on two workers"
+        out[tname] = {a: np.concatenate(v)[order] for a, v in arrays.items()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    # 1 worker, in this process: no strategy, a local parameter server
+    return mp_scenarios.run_contract(0, 1)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_w_workers_train_the_same_model_as_one(launch, tmp_path, reference, world):
+    res = launch(world, ["contract", str(tmp_path)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts = load(tmp_path, "contract", world)
+    for opt in mp_scenarios.OPTIMIZERS:
+        for r in range(world):
+            np.testing.assert_allclose(
+                parts[r][f"{opt}/loss"], reference[f"{opt}/loss"], rtol=1e-5, atol=1e-6
+            )
+        for k, v in reference.items():
+            if k.startswith(f"{opt}/dense/"):
+                for r in range(world):
+                    np.testing.assert_allclose(parts[r][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        ours = merged_tables(parts, opt)
+        ref = merged_tables([reference], opt)
+        assert sorted(ours) == sorted(ref) == ["c", "shared"]
+        for tname in ref:
+            for array, v in ref[tname].items():
+                np.testing.assert_allclose(
+                    ours[tname][array], v, rtol=1e-5, atol=1e-6, err_msg=f"{opt} {tname} {array}"
+                )
+
+
+def test_a_stalled_worker_raises_instead_of_hanging(launch, tmp_path):
+    res = launch(2, ["timeout", str(tmp_path), "3"], timeout_s=120)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert (
+        "DistributedError: rank 0/2: collective 'all-reduce statistics' failed or did not "
+        "complete within 3 s" in out
+    )
+
+
+def test_a_crashed_worker_makes_every_worker_exit_non_zero(launch, tmp_path):
+    res = launch(2, ["crash", str(tmp_path), "30"], timeout_s=120)
+    assert res.returncode != 0
+    assert not (tmp_path / "crash-rank0.npz").exists()
+
+
+def test_uneven_files_train_every_row_once_and_metrics_are_global(launch, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    mp_scenarios.write_uneven_files(str(data))  # 60, 0 and 1 rows
+    res = launch(3, ["uneven", str(tmp_path), "120", str(data)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts = load(tmp_path, "uneven", 3)
+    ref = mp_scenarios.run_uneven(0, 1, str(data))
+    trained = np.concatenate([p["trained_rows"] for p in parts])
+    assert trained.shape == (61,) and np.unique(trained).shape == (61,)  # every row once
+    np.testing.assert_array_equal(np.sort(trained), np.sort(ref["trained_rows"]))
+    assert [p["trained_rows"].shape[0] for p in parts] == [60, 0, 1]
+    for k, v in ref.items():
+        if k.startswith("eval/"):
+            for p in parts:  # every worker reports the global figures
+                np.testing.assert_allclose(p[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    rows = np.concatenate([p["predict/row_id"] for p in parts])
+    preds = np.concatenate([p["predict/prediction"] for p in parts])
+    order, ref_order = np.argsort(rows), np.argsort(ref["predict/row_id"])
+    np.testing.assert_array_equal(rows[order], ref["predict/row_id"][ref_order])
+    np.testing.assert_allclose(
+        preds[order], ref["predict/prediction"][ref_order], rtol=1e-5, atol=1e-6
+    )
