@@ -1,0 +1,76 @@
+"""Routing, de-duplication, the local PS and the launcher environment."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tnrec.distribute import launch_env
+from tnrec.errors import ArgumentError, NonFiniteError
+from tnrec.ps import LocalPS, owner_of, unique_inverse
+from tnrec.table import SGD, SparseTable, bucket_of
+
+I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+KEYS = np.array([0, 1, -1, I64_MIN, I64_MAX], dtype=np.int64)  # buckets 431 193 32 987 679
+
+
+@pytest.mark.parametrize(
+    ("world", "owners"),
+    [
+        (1, [0, 0, 0, 0, 0]),
+        (2, [1, 1, 0, 1, 1]),
+        (3, [2, 1, 2, 0, 1]),
+        (4, [3, 1, 0, 3, 3]),
+        (5, [1, 3, 2, 2, 4]),
+    ],
+    ids=["W1", "W2", "W3", "W4", "W5"],
+)
+def test_owner_is_pinned(world, owners):
+    assert owner_of(KEYS, world).tolist() == owners
+
+
+@given(st.lists(st.integers(I64_MIN, I64_MAX), max_size=40), st.integers(1, 64))
+def test_owner_is_bucket_mod_world(values, world):
+    keys = np.array(values, dtype=np.int64)
+    np.testing.assert_array_equal(owner_of(keys, world), bucket_of(keys) % world)
+
+
+@given(st.lists(st.integers(-5, 5) | st.sampled_from([I64_MIN, I64_MAX]), max_size=60))
+def test_unique_inverse_round_trip_keeps_first_occurrence_order(values):
+    keys = np.array(values, dtype=np.int64)
+    uniq, inverse = unique_inverse(keys)
+    np.testing.assert_array_equal(uniq[inverse], keys)
+    assert len(set(uniq.tolist())) == uniq.shape[0] == len(set(values))
+    first = list(dict.fromkeys(values))
+    assert uniq.tolist() == first
+
+
+def test_local_ps_refuses_non_finite_gradients_before_any_table_changes():
+    a, b = SparseTable(2, SGD(), name="a"), SparseTable(2, SGD(), name="b")
+    ps = LocalPS({"a": a, "b": b})
+    k = {"a": np.array([1], np.int64), "b": np.array([2], np.int64)}
+    ps.pull(k, create=True)
+    before = a.rows()["weights"].copy()
+    one = np.ones(1, np.float32)
+    grads = {"a": np.ones((1, 2), np.float32), "b": np.full((1, 2), np.nan, np.float32)}
+    with pytest.raises(NonFiniteError, match='Table "b": the step produced a NaN'):
+        ps.push(k, grads, {"a": one, "b": one}, {"a": one, "b": one})
+    np.testing.assert_array_equal(a.rows()["weights"], before)
+
+
+def test_launch_env_reads_the_launcher_variables():
+    env = launch_env(
+        {
+            "RANK": "2",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+        }
+    )
+    assert (env.rank, env.world_size, env.local_rank, env.master_port) == (2, 4, 0, "29500")
+    assert launch_env({}).world_size == 1
+    with pytest.raises(ArgumentError, match="Environment variable WORLD_SIZE must be an int"):
+        launch_env({"WORLD_SIZE": "two"})
+    with pytest.raises(ArgumentError, match=r"RANK must be in \[0, WORLD_SIZE\)"):
+        launch_env({"RANK": "4", "WORLD_SIZE": "4"})
