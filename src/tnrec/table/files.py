@@ -124,10 +124,20 @@ def save(
     *,
     format: str = "npy",
     bucket_range: tuple[int, int] | None = None,
+    order: str = "key",
 ) -> None:
-    """Write ``table`` (or one bucket range of it) to directory ``path`` atomically."""
+    """Write ``table`` (or one bucket range of it) to directory ``path`` atomically.
+
+    ``order="bucket"`` sorts rows by ``(bucket_of(key), key)`` and adds
+    ``bucket_offsets.npy`` (``int64[1025]``: bucket ``b`` holds rows
+    ``offsets[b]:offsets[b+1]``), so a loader can read only some buckets.
+    """
     if format not in ("npy", "txt"):
         raise ArgumentError(f"`format` must be 'npy' or 'txt'. Received: format={format!r}.")
+    if order not in ("key", "bucket") or (order == "bucket" and format != "npy"):
+        raise ArgumentError(
+            f"`order` must be 'key', or 'bucket' with format='npy'. Received: order={order!r}."
+        )
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not os.path.isfile(os.path.join(path, HEADER)):
         raise ArgumentError(
@@ -145,7 +155,16 @@ def save(
         b = bucket_of(keys)
         keep = (b >= lo) & (b < hi)
         keys, rec = keys[keep], rec[keep]
+    offsets = None
+    if order == "bucket":
+        b = bucket_of(keys)
+        by_bucket = np.argsort(b, kind="stable")  # keys are sorted, so (bucket, key) order
+        keys, rec = keys[by_bucket], rec[by_bucket]
+        offsets = np.zeros(NUM_BUCKETS + 1, np.int64)
+        np.cumsum(np.bincount(b, minlength=NUM_BUCKETS), out=offsets[1:])
     arrays = table.split_records(keys, rec)
+    if offsets is not None:
+        arrays["bucket_offsets"] = offsets
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
@@ -153,7 +172,8 @@ def save(
     try:
         checksums: dict[str, str] = {}
         if format == "npy":
-            for name in _array_names(table):
+            names = _array_names(table) + (["bucket_offsets"] if offsets is not None else [])
+            for name in names:
                 fname = f"{name}.npy"
                 arr = np.ascontiguousarray(arrays[name])
                 _write_file(os.path.join(tmp, fname), _npy_writer(arr))
@@ -168,6 +188,7 @@ def save(
                 "count": int(keys.shape[0]),
                 "bucket_range": list(bucket_range) if bucket_range is not None else None,
                 "num_buckets": NUM_BUCKETS,
+                "order": order,
                 "files": checksums,
             }
         )
@@ -261,6 +282,18 @@ def read_header(path: str) -> dict[str, Any]:
             f"(this tnrec reads {FORMAT_VERSION})."
         )
     header["_dir"] = path
+    return header
+
+
+def verify(path: str) -> dict[str, Any]:
+    """Check a saved table's header and every file's sha256; return the header.
+
+    Raises:
+        CheckpointError: missing or unreadable header or file; ChecksumError,
+            FormatVersionError as :func:`load` does.
+    """
+    header = read_header(path)
+    _verify(header)
     return header
 
 
@@ -378,9 +411,26 @@ def _select(
     return np.flatnonzero(mask)
 
 
-def load_into(table: SparseTable, path: str, key_filter: Callable[..., Any] | None = None) -> int:
-    """Merge a saved table into ``table``; return the number of rows read."""
-    header = read_header(path)
+def load_into(
+    table: SparseTable,
+    path: str,
+    key_filter: Callable[..., Any] | None = None,
+    *,
+    buckets: npt.NDArray[np.bool_] | None = None,
+    verified: dict[str, Any] | None = None,
+) -> int:
+    """Merge a saved table into ``table``; return the number of rows read.
+
+    Args:
+        table: the table to write into.
+        path: the saved table's directory.
+        key_filter: read only keys whose mask is True.
+        buckets: ``bool[1024]``: read only these buckets' rows (a table saved
+            with ``order="bucket"`` is sliced without touching other rows).
+        verified: the header :func:`verify` returned for ``path``, to skip
+            hashing the files a second time.
+    """
+    header = verified if verified is not None else read_header(path)
     fname = os.path.join(header["_dir"], HEADER)
     if int(header["dim"]) != table.dim:
         raise MismatchError(
@@ -392,14 +442,35 @@ def load_into(table: SparseTable, path: str, key_filter: Callable[..., Any] | No
             f"{fname}: saved optimizer {saved_opt} != table {table.name!r} optimizer "
             f"{type(table.optimizer).__name__}."
         )
-    _verify(header)
+    if verified is None:
+        _verify(header)
     arrays = _read_arrays(header, _array_names(table), table.dim)
     _check_shapes(header, arrays, table.dim)
     sel = _select(arrays, key_filter, fname)
+    if buckets is not None:
+        sel = np.intersect1d(sel, _bucket_rows(header, arrays["keys"], buckets), assume_unique=True)
     keys, rec = _records_from(table, arrays, sel, fname)
     table.write_records(keys, rec)
     table.generation = max(table.generation, int(header.get("generation", 0)))
     return int(keys.shape[0])
+
+
+def _bucket_rows(
+    header: dict[str, Any], keys: np.ndarray, buckets: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.int64]:
+    """Return the row indices of the selected buckets (sliced by offsets when saved by bucket)."""
+    if header.get("order") == "bucket":
+        full = os.path.join(header["_dir"], "bucket_offsets.npy")
+        try:
+            offsets = np.load(full, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"Cannot read {full}: {e}.") from None
+        if offsets.shape != (NUM_BUCKETS + 1,) or offsets[-1] != keys.shape[0]:
+            raise CheckpointError(f"{full} does not match the {keys.shape[0]} saved keys.")
+        lengths = np.where(buckets, np.diff(offsets), 0)  # [1024]
+        starts = np.repeat(offsets[:-1] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        return starts + np.arange(int(lengths.sum()), dtype=np.int64)
+    return np.flatnonzero(buckets[bucket_of(np.ascontiguousarray(keys))])
 
 
 def load(

@@ -253,3 +253,26 @@ def test_load_rows_replaces_existing_keys(saved):
     )
     target.load_rows(path)
     assert_same_rows(t, target)
+
+
+def test_bucket_order_lets_a_loader_read_only_its_buckets(tmp_path):
+    t = trained_table(AdaGrad())
+    t.save(tmp_path / "tbl")  # key order: buckets found by hashing
+    table_files.save(t, str(tmp_path / "byb"), order="bucket")
+    offsets = np.load(tmp_path / "byb" / "bucket_offsets.npy")
+    keys = np.load(tmp_path / "byb" / "keys.npy")
+    assert offsets[0] == 0 and offsets[-1] == len(t)
+    np.testing.assert_array_equal(np.diff(bucket_of(keys)) >= 0, True)
+    mine = np.arange(1024) % 3 == 1
+    for path in ("tbl", "byb"):
+        part = SparseTable(5, AdaGrad(0.05, initial_g2sum=0.1), name="item")
+        header = table_files.verify(str(tmp_path / path))
+        n = table_files.load_into(part, str(tmp_path / path), buckets=mine, verified=header)
+        expect = t.keys()[bucket_of(t.keys()) % 3 == 1]
+        assert n == expect.shape[0]
+        np.testing.assert_array_equal(part.keys(), expect)
+        full = t.rows(expect)
+        for name, arr in part.rows().items():
+            np.testing.assert_array_equal(arr, full[name], err_msg=name)
+    with pytest.raises(ArgumentError, match="`order` must be 'key', or 'bucket'"):
+        table_files.save(t, str(tmp_path / "x"), format="txt", order="bucket")
