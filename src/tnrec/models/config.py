@@ -1,0 +1,445 @@
+"""The run configuration of ``tnrec train``: a TOML file, validated key by key.
+
+Every key, with its default::
+
+    seed = 0                       # torch init, reader shuffle
+    output_dir = "runs/tnrec"      # relative paths are relative to the config file
+    columns = "criteo"             # or [[columns]] tables, the feature-spec fields:
+    # [[columns]]
+    # type = "category"            # category | numeric | bucketized
+    # key = "user_id"
+    # dtype = "int"                # category: int | str
+    # embedding_share = "user"     # category, optional
+    # default = 0.0                # numeric, bucketized
+    # transforms = [{type = "log1p"}, {type = "standardize", mean = 1.0, std = 2.0}]
+    # boundaries = [18.0, 25.0]    # bucketized
+
+    [model]
+    name = "deepfm"                # lr | widedeep | deepfm | dcn
+    embedding_dim = 16
+    hidden_units = [400, 400, 400]
+    cross_layers = 3               # dcn
+
+    [data]
+    format = "parquet"             # parquet | csv | criteo
+    train = ["data/2024-05-*/*.parquet"]   # files/globs; or dir + train_days (+ pattern)
+    test = "data/test/*.parquet"           # or dir + test_days; optional
+    dir = "data"
+    train_days = ["2024-05-10"]
+    test_days = ["2024-05-11"]
+    pattern = "*.parquet"          # default by format: *.parquet, *.csv, *
+    label = "label"
+    delimiter = ","                # csv
+    header = true                  # csv
+    shuffle = true                 # training data, deterministic given seed
+    prefetch = 2
+
+    [optimizer.sparse]             # the tables': adagrad | adam | sgd | ftrl + hyper-parameters
+    type = "adagrad"
+    learning_rate = 0.05
+    [optimizer.dense]              # the dense layers': adagrad | adam | sgd
+    type = "adam"
+    learning_rate = 0.001
+
+    [train]
+    epochs = 1
+    batch_size = 4096
+    steps_per_epoch = 100          # optional
+    log_every = 100                # steps between log lines and run-log records
+
+An unknown key is an error that names the closest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import glob
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tomllib
+
+from tnrec.data import Reader, criteo_columns, list_files, read_criteo, read_csv, read_parquet
+from tnrec.errors import ArgumentError, DataError, SpecError
+from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
+from tnrec.optimizer import SGD, AdaGrad, Adam, Ftrl, SparseOptimizer
+
+__all__ = ["ConfigError", "RunConfig", "load_config", "make_columns", "make_optimizer"]
+
+MODEL_NAMES = ("lr", "widedeep", "deepfm", "dcn")
+FORMATS = ("parquet", "csv", "criteo")
+OPTIMIZERS: dict[str, type[SparseOptimizer]] = {
+    "adagrad": AdaGrad,
+    "adam": Adam,
+    "sgd": SGD,
+    "ftrl": Ftrl,
+}
+DEFAULT_PATTERN = {"parquet": "*.parquet", "csv": "*.csv", "criteo": "*"}
+
+
+class ConfigError(ArgumentError):
+    """The run configuration is invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config key: the accepted kinds (``int``, ``str``, ``[int]``, ``table``...), default."""
+
+    kinds: tuple[str, ...]
+    default: Any = None
+
+
+SCHEMA: dict[str, Any] = {
+    "seed": Field(("int",), 0),
+    "output_dir": Field(("str",), "runs/tnrec"),
+    "columns": Field(("str", "[table]"), "criteo"),
+    "model": {
+        "name": Field(("str",), "deepfm"),
+        "embedding_dim": Field(("int",), 16),
+        "hidden_units": Field(("[int]",), [400, 400, 400]),
+        "cross_layers": Field(("int",), 3),
+    },
+    "data": {
+        "format": Field(("str",), "parquet"),
+        "train": Field(("str", "[str]")),
+        "test": Field(("str", "[str]")),
+        "dir": Field(("str",)),
+        "train_days": Field(("str", "[str]")),
+        "test_days": Field(("str", "[str]")),
+        "pattern": Field(("str",)),
+        "label": Field(("str",), "label"),
+        "delimiter": Field(("str",), ","),
+        "header": Field(("bool",), True),
+        "shuffle": Field(("bool",), True),
+        "prefetch": Field(("int",), 2),
+    },
+    "optimizer": {
+        "sparse": Field(("table",), {"type": "adagrad", "learning_rate": 0.05}),
+        "dense": Field(("table",), {"type": "adam", "learning_rate": 0.001}),
+    },
+    "train": {
+        "epochs": Field(("int",), 1),
+        "batch_size": Field(("int",), 4096),
+        "steps_per_epoch": Field(("int",)),
+        "log_every": Field(("int",), 100),
+    },
+}
+
+COLUMN_KEYS = {
+    "category": ("type", "key", "dtype", "embedding_share"),
+    "numeric": ("type", "key", "default", "transforms"),
+    "bucketized": ("type", "key", "default", "transforms", "boundaries"),
+}
+
+
+def _all_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in schema.items():
+        out.append(prefix + k)
+        if isinstance(v, dict):
+            out.extend(_all_paths(v, f"{prefix}{k}."))
+    return out
+
+
+def _unknown(where: str, path: str, valid: Sequence[str]) -> ConfigError:
+    """The error for an unknown key, suggesting the closest valid one (siblings first)."""
+    name = path.rsplit(".", 1)[-1]
+    prefix = path[: len(path) - len(name)]
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    if close:
+        hint = f'; did you mean "{prefix}{close[0]}"?'
+    else:
+        everywhere = _all_paths(SCHEMA)
+        by_leaf = {p.rsplit(".", 1)[-1]: p for p in everywhere}
+        leaf = difflib.get_close_matches(name, list(by_leaf), n=1, cutoff=0.8)
+        hint = f'; did you mean "{by_leaf[leaf[0]]}"?' if leaf else ""
+    return ConfigError(
+        f'{where}: unknown key "{path}"{hint or "."} Valid keys here: {", ".join(sorted(valid))}.'
+    )
+
+
+def _kind_ok(kind: str, v: Any) -> bool:
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "table":
+        return isinstance(v, dict)
+    if kind.startswith("["):
+        inner = kind[1:-1]
+        return isinstance(v, list) and all(_kind_ok(inner, x) for x in v)
+    raise RuntimeError(f"internal error: unknown config kind {kind!r}")
+
+
+def _check_kind(where: str, path: str, field: Field, v: Any) -> Any:
+    if v is None and field.default is None:  # an optional key left unset (config.json)
+        return v
+    if any(_kind_ok(k, v) for k in field.kinds):
+        return v
+    want = " or ".join(k.replace("[", "list of ").replace("]", "s") for k in field.kinds)
+    raise ConfigError(f'{where}: "{path}" must be {want}. Received: {v!r} ({type(v).__name__}).')
+
+
+def _validate(where: str, doc: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> dict:
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        path = prefix + key
+        if key not in schema:
+            raise _unknown(where, path, list(schema))
+        spec = schema[key]
+        if isinstance(spec, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f'{where}: "{path}" must be a table ([{path}]). Received: {value!r}.'
+                )
+            out[key] = _validate(where, value, spec, path + ".")
+        else:
+            out[key] = _check_kind(where, path, spec, value)
+    for key, spec in schema.items():
+        if key not in out:
+            out[key] = (
+                _validate(where, {}, spec, prefix + key + ".")
+                if isinstance(spec, dict)
+                else (json.loads(json.dumps(spec.default)))
+            )
+    return out
+
+
+@dataclass
+class RunConfig:
+    """A validated run configuration (paths absolute); see the module doc for the keys."""
+
+    source: str
+    seed: int
+    output_dir: str
+    columns: str | list[dict[str, Any]]
+    model: dict[str, Any]
+    data: dict[str, Any]
+    optimizer: dict[str, Any]
+    train: dict[str, Any]
+
+    @property
+    def has_test(self) -> bool:
+        """Whether the config names test data."""
+        return bool(self.data["test"] or self.data["test_days"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the config as a JSON-ready dict (what ``config.json`` holds)."""
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+
+def _abs(base: str, p: str) -> str:
+    return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+
+
+def _check_values(where: str, c: RunConfig) -> None:
+    def positive(path: str, v: int | None, minimum: int = 1) -> None:
+        if v is not None and v < minimum:
+            raise ConfigError(f'{where}: "{path}" must be >= {minimum}. Received: {v}.')
+
+    if c.model["name"].lower() not in MODEL_NAMES:
+        close = difflib.get_close_matches(c.model["name"].lower(), MODEL_NAMES, n=1)
+        hint = f'; did you mean "{close[0]}"?' if close else ""
+        raise ConfigError(
+            f'{where}: "model.name" must be one of {MODEL_NAMES}. '
+            f"Received: {c.model['name']!r}{hint}"
+        )
+    c.model["name"] = c.model["name"].lower()
+    if c.data["format"] not in FORMATS:
+        raise ConfigError(
+            f'{where}: "data.format" must be one of {FORMATS}. Received: {c.data["format"]!r}.'
+        )
+    positive("model.embedding_dim", c.model["embedding_dim"])
+    positive("model.cross_layers", c.model["cross_layers"], 0)
+    for i, u in enumerate(c.model["hidden_units"]):
+        positive(f"model.hidden_units[{i}]", u)
+    positive("train.epochs", c.train["epochs"], 0)
+    positive("train.batch_size", c.train["batch_size"])
+    positive("train.steps_per_epoch", c.train["steps_per_epoch"])
+    positive("train.log_every", c.train["log_every"])
+    positive("data.prefetch", c.data["prefetch"], 0)
+    if not (c.data["train"] or (c.data["dir"] and c.data["train_days"])):
+        raise ConfigError(
+            f'{where}: no training data: set "data.train" (files/globs) or "data.dir" and '
+            '"data.train_days".'
+        )
+    if isinstance(c.columns, str) and c.columns != "criteo":
+        raise ConfigError(
+            f'{where}: "columns" must be "criteo" or a list of [[columns]] tables. '
+            f"Received: {c.columns!r}."
+        )
+    for name in ("sparse", "dense"):
+        make_optimizer(c, name)  # validates
+    make_columns(c)  # validates
+
+
+def load_config(path: str | os.PathLike[str], output_dir: str | None = None) -> RunConfig:
+    """Read and validate a run config (TOML, or the ``config.json`` that ``train`` writes).
+
+    Args:
+        path: the file.
+        output_dir: replaces ``output_dir`` (relative to the current directory).
+
+    Raises:
+        ConfigError: the file is missing or not TOML, a key is unknown (the error
+            names the closest valid key), a value has the wrong type or range.
+    """
+    where = os.fspath(path)
+    try:
+        with open(where, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read the run config {where}: {e.strerror}") from None
+    try:
+        doc = json.loads(raw) if where.endswith(".json") else tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: not valid TOML/JSON: {e}") from None
+    v = _validate(where, doc, SCHEMA)
+    base = os.path.dirname(os.path.abspath(where))
+    d = v["data"]
+    for key in ("train", "test"):
+        if isinstance(d[key], str):
+            d[key] = [d[key]]
+        if d[key]:
+            d[key] = [_abs(base, p) for p in d[key]]
+    for key in ("train_days", "test_days"):
+        if isinstance(d[key], str):
+            d[key] = [d[key]]
+    if d["dir"]:
+        d["dir"] = _abs(base, d["dir"])
+    out = os.path.abspath(output_dir) if output_dir else _abs(base, v["output_dir"])
+    cfg = RunConfig(where, v["seed"], out, v["columns"], v["model"], d, v["optimizer"], v["train"])
+    _check_values(where, cfg)
+    return cfg
+
+
+def make_optimizer(cfg: RunConfig, which: str) -> SparseOptimizer:
+    """Return ``optimizer.<which>`` (``sparse`` or ``dense``) as a tnrec optimizer config.
+
+    Raises:
+        ConfigError: unknown type or hyper-parameter (closest one named), bad value.
+    """
+    where, path = cfg.source, f"optimizer.{which}"
+    doc = dict(cfg.optimizer[which])
+    kind = str(doc.pop("type", "")).lower()
+    types = (
+        OPTIMIZERS if which == "sparse" else {k: v for k, v in OPTIMIZERS.items() if k != "ftrl"}
+    )
+    if kind not in types:
+        raise ConfigError(
+            f'{where}: "{path}.type" must be one of {sorted(types)}. Received: {kind!r}.'
+        )
+    cls = types[kind]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for k, val in doc.items():
+        if k not in fields:
+            raise _unknown(where, f"{path}.{k}", ["type", *fields])
+        kinds = ("bool",) if fields[k].type in (bool, "bool") else ("float",)
+        _check_kind(where, f"{path}.{k}", Field(kinds), val)
+    try:
+        return cls(**doc)
+    except ArgumentError as e:
+        raise ConfigError(f"{where}: {path}: {e}") from None
+
+
+def make_columns(cfg: RunConfig) -> list[Column]:
+    """Return the configured feature columns (``"criteo"``: :func:`tnrec.data.criteo_columns`).
+
+    Raises:
+        ConfigError: an unknown column type or key, or an invalid column.
+    """
+    if isinstance(cfg.columns, str):
+        return list(criteo_columns())
+    docs = []
+    for i, col in enumerate(cfg.columns):
+        path = f"columns[{i}]"
+        kind = col.get("type")
+        if kind not in COLUMN_KEYS:
+            raise ConfigError(
+                f'{cfg.source}: "{path}.type" must be one of {sorted(COLUMN_KEYS)}. '
+                f"Received: {kind!r}."
+            )
+        for k in col:
+            if k not in COLUMN_KEYS[kind]:
+                raise _unknown(cfg.source, f"{path}.{k}", COLUMN_KEYS[kind])
+        doc: dict[str, Any] = (
+            {"dtype": "int", "embedding_share": None} if kind == "category" else {}
+        )
+        if kind != "category":
+            doc.update(default=0.0, transforms=[])
+        doc.update(col)
+        doc["transforms"] = [
+            {"type": t} if isinstance(t, str) else t for t in doc.get("transforms", [])
+        ]
+        if kind == "category":
+            doc.pop("transforms")
+        docs.append(doc)
+    spec = {"format": SPEC_FORMAT, "version": SPEC_VERSION, "hash": HASH_NAME, "columns": docs}
+    try:
+        return from_spec(spec)
+    except SpecError as e:
+        raise ConfigError(f'{cfg.source}: "columns": {e}') from None
+
+
+def _expand(cfg: RunConfig, which: str, patterns: Sequence[str], key: str) -> list[str]:
+    files: list[str] = []
+    for p in patterns:
+        matches = sorted(m for m in glob.glob(p) if os.path.isfile(m))
+        if not matches:
+            raise ConfigError(f'{cfg.source}: "{key}": pattern "{p}" matches no file.')
+        files.extend(matches)
+    return files
+
+
+def make_reader(
+    cfg: RunConfig,
+    which: str,
+    *,
+    paths: Sequence[str] | None = None,
+    shuffle: bool = False,
+) -> Reader:
+    """Return the reader of the ``train`` or ``test`` data (or of ``paths`` instead).
+
+    Raises:
+        ConfigError: no such data in the config, or a pattern/day matches no file
+            (the error names the key and the pattern).
+    """
+    d = cfg.data
+    if paths:
+        files = _expand(cfg, which, [os.path.abspath(p) for p in paths], "--data")
+    elif d[which]:
+        files = _expand(cfg, which, d[which], f"data.{which}")
+    elif d["dir"] and d[f"{which}_days"]:
+        pattern = d["pattern"] or DEFAULT_PATTERN[d["format"]]
+        try:
+            files = list_files(d["dir"], d[f"{which}_days"], pattern)
+        except DataError as e:
+            raise ConfigError(f'{cfg.source}: "data.{which}_days": {e}') from None
+    else:
+        raise ConfigError(
+            f'{cfg.source}: no {which} data: set "data.{which}" or "data.dir" and '
+            f'"data.{which}_days" (or pass --data).'
+        )
+    cols = make_columns(cfg)
+    common: dict[str, Any] = dict(
+        batch_size=cfg.train["batch_size"],
+        shuffle=shuffle,
+        seed=cfg.seed,
+        prefetch=d["prefetch"],
+        label=d["label"],
+    )
+    if d["format"] == "parquet":
+        return read_parquet(files, cols, **common)
+    if d["format"] == "csv":
+        return read_csv(files, cols, delimiter=d["delimiter"], header=d["header"], **common)
+    return read_criteo(files, cols, **common)

@@ -1,0 +1,228 @@
+"""Run logs: per-step and per-epoch metrics, samples/s, input wait; JSON lines and TensorBoard.
+
+A :class:`RunLog` is a :class:`tnrec.callbacks.Callback`; wrap the training
+data with :meth:`RunLog.wrap` so it can count rows and time the waits for
+input::
+
+    log = RunLog("runs/deepfm", every=10)
+    model.fit(log.wrap(reader), epochs=2, callbacks=[log])
+
+``runs/deepfm/runlog.jsonl`` then holds one JSON object a line::
+
+    {"event": "step", "epoch": 0, "step": 10, "global_step": 10, "loss": 0.41,
+     "rows": 40960, "time_s": 3.2, "samples_per_s": 12800.0, "input_wait_s": 0.01}
+    {"event": "epoch", "epoch": 0, "steps": 245, "rows": 1000000, "time_s": 78.1,
+     "samples_per_s": 12804.0, "input_wait_s": 0.4, "input_wait_share": 0.005,
+     "loss": 0.44, "auc": 0.77, "val_auc": 0.78, ...}
+
+Step records cover the ``every`` steps since the previous one (rates and
+waits of that interval); epoch records cover the epoch. When
+``torch.utils.tensorboard`` and ``tensorboard`` are installed, the same scalars
+also go to a TensorBoard event file in the same directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from tnrec.callbacks import Callback
+from tnrec.errors import ArgumentError
+
+__all__ = ["RunLog", "TimedData", "read_runlog"]
+
+RUNLOG_FILE = "runlog.jsonl"
+
+
+class TimedData:
+    """Wrap a re-iterable of batches; count the rows taken and time every wait for the next one.
+
+    Attributes:
+        rows: rows of every batch taken so far (all epochs).
+        batches: batches taken so far.
+        wait_s: seconds spent waiting inside the wrapped iterator's ``next``.
+    """
+
+    def __init__(self, data: Iterable[Any]) -> None:
+        self.data = data
+        self.rows = 0
+        self.batches = 0
+        self.wait_s = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.data)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.wait_s += time.perf_counter() - t0
+            self.rows += int(getattr(batch, "size", 0))
+            self.batches += 1
+            yield batch
+
+
+def _json_value(v: Any) -> Any:
+    """Floats that JSON cannot hold (nan, inf) become None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class RunLog(Callback):
+    """Write training progress to ``out_dir/runlog.jsonl`` (and TensorBoard when installed).
+
+    Args:
+        out_dir: the directory (created if needed); the file is appended to, so
+            several ``fit`` calls (days) make one log.
+        every: write a step record every this many steps (0: epoch records only).
+        tensorboard: also write TensorBoard events when the package is installed.
+        filename: the JSON-lines file's name.
+
+    Example:
+        >>> log = RunLog("/tmp/run", every=10)
+        >>> model.fit(log.wrap(reader), callbacks=[log])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        every: int = 10,
+        tensorboard: bool = True,
+        filename: str = RUNLOG_FILE,
+    ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ArgumentError(f"RunLog: `every` must be an int >= 0. Received: every={every!r}.")
+        self.out_dir = os.fspath(out_dir)
+        self.path = os.path.join(self.out_dir, filename)
+        self.every = every
+        self.want_tensorboard = tensorboard
+        self.data: TimedData | None = None
+        self.global_step = 0
+        self._file: IO[str] | None = None
+        self._writer: Any = None
+        self._epoch = 0
+        self._mark: tuple[float, int, float] = (
+            0.0,
+            0,
+            0.0,
+        )  # (time, rows, wait) of the last record
+        self._epoch_mark: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
+
+    def wrap(self, data: Iterable[Any]) -> TimedData:
+        """Return ``data`` wrapped so this log sees its rows and input waits; pass it to ``fit``."""
+        self.data = data if isinstance(data, TimedData) else TimedData(data)
+        return self.data
+
+    # ------------------------------------------------------------------ output
+
+    def _now(self) -> tuple[float, int, float]:
+        d = self.data
+        return (time.perf_counter(), d.rows if d else 0, d.wait_s if d else 0.0)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record to the file (and its scalars to TensorBoard)."""
+        if self._file is None:
+            raise ArgumentError("RunLog.write: the log is not open (fit opens it).")
+        self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
+        self._file.flush()
+        if self._writer is not None:
+            prefix = record["event"]
+            step = self.global_step
+            for k, v in record.items():
+                if k not in ("event", "epoch", "step", "global_step") and isinstance(
+                    v, (int, float)
+                ):
+                    self._writer.add_scalar(f"{prefix}/{k}", v, step)
+
+    def _open_tensorboard(self) -> None:
+        if not self.want_tensorboard:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            return
+        self._writer = SummaryWriter(log_dir=self.out_dir)
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        os.makedirs(self.out_dir, exist_ok=True)
+        try:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at train end
+        except OSError as e:
+            raise OSError(f"RunLog: cannot open {self.path}: {e}") from e
+        self._open_tensorboard()
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        self._epoch = epoch
+        now = self._now()
+        self._mark = now
+        self._epoch_mark = (*now, self.global_step)
+
+    def on_train_batch_end(self, step: int, logs: dict[str, float] | None = None) -> None:
+        self.global_step += 1
+        if not self.every or step % self.every:
+            return
+        t, rows, wait = self._now()
+        t0, rows0, wait0 = self._mark
+        self._mark = (t, rows, wait)
+        secs = max(t - t0, 1e-9)
+        record: dict[str, Any] = {
+            "event": "step",
+            "epoch": self._epoch,
+            "step": step,
+            "global_step": self.global_step,
+            **(logs or {}),
+            "time_s": round(t - self._epoch_mark[0], 4),
+        }
+        if self.data is not None:
+            record.update(
+                rows=rows - self._epoch_mark[1],
+                samples_per_s=(rows - rows0) / secs,
+                input_wait_s=wait - wait0,
+            )
+        self.write(record)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+        t, rows, wait = self._now()
+        t0, rows0, wait0, step0 = self._epoch_mark
+        secs = max(t - t0, 1e-9)
+        record: dict[str, Any] = {
+            "event": "epoch",
+            "epoch": epoch,
+            "steps": self.global_step - step0,
+            "time_s": round(secs, 4),
+        }
+        if self.data is not None:
+            record.update(
+                rows=rows - rows0,
+                samples_per_s=(rows - rows0) / secs,
+                input_wait_s=wait - wait0,
+                input_wait_share=(wait - wait0) / secs,
+            )
+        record.update(logs or {})
+        self.write(record)
+
+    def on_train_end(self, logs: dict[str, float] | None = None) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def read_runlog(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Return the records of a run log (a ``runlog.jsonl`` file or the directory holding it)."""
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        p = os.path.join(p, RUNLOG_FILE)
+    with open(p, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

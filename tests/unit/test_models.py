@@ -1,0 +1,204 @@
+"""The model zoo: each model learns, its formulas, its errors; saved models; run logs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import tnrec as tn
+from tnrec.data.synthetic import SyntheticConfig, generate
+from tnrec.errors import ArgumentError, CheckpointError, FormatVersionError
+from tnrec.models import DCN, LR, MODELS, CrossLayer, DeepFM, WideDeep, build
+from tnrec.models.artifacts import load_model, save_model
+from tnrec.runlog import RunLog, TimedData, read_runlog
+
+fc = tn.feature_column
+
+SMALL = {"embedding_dim": 4, "hidden_units": [16, 8]}
+ZOO = [
+    pytest.param("lr", {}, id="lr"),
+    pytest.param("widedeep", SMALL, id="widedeep"),
+    pytest.param("deepfm", SMALL, id="deepfm"),
+    pytest.param("dcn", {**SMALL, "cross_layers": 2}, id="dcn"),
+]
+
+
+@pytest.fixture(scope="module")
+def criteo_data(tmp_path_factory):
+    """3,000 training and 1,000 test rows of synthetic Criteo-schema data (Parquet)."""
+    out = tmp_path_factory.mktemp("syn")
+    gen = generate(out, SyntheticConfig(rows_per_day=3000, num_days=1, test_rows=1000, seed=3))
+    cols = tn.data.criteo_columns()
+    files = [str(p) for p in gen.train_files[gen.days[0]]]
+    train = tn.data.read_parquet(files, cols, batch_size=500)
+    test = tn.data.read_parquet([str(p) for p in gen.test_files], cols, batch_size=500)
+    return cols, train, test
+
+
+@pytest.mark.parametrize(("name", "params"), ZOO)
+def test_zoo_model_trains_and_its_loss_falls(criteo_data, name, params):
+    cols, train, test = criteo_data
+    torch.manual_seed(0)
+    model = build(name, cols, **params)
+    model.compile()
+    history = model.fit(train, epochs=4, verbose=0)
+    loss, auc = history.history["loss"], history.history["auc"]
+    assert all(a > b for a, b in zip(loss, loss[1:], strict=False)), loss  # falls every epoch
+    # A bias alone would lower the loss too; the training AUC shows the keys' rows learn.
+    assert auc[-1] > 0.9, auc
+    out = model.predict(test)
+    assert out["prediction"].shape == (1000,)
+    assert ((out["prediction"] > 0) & (out["prediction"] < 1)).all()  # sigmoid of the logit
+
+
+@pytest.mark.parametrize(("name", "params"), ZOO)
+def test_zoo_model_outputs_a_logit_and_compiles_with_defaults(name, params):
+    cols = tn.data.criteo_columns()
+    model = build(name, cols, **params)
+    model.compile()
+    assert isinstance(model.optimizer, torch.optim.Adam)
+    assert model.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert model._heads[0].to_prediction is torch.sigmoid  # loss is ..._from_logits
+    assert [m.name for m in model._heads[0].metrics] == ["auc", "logloss"]
+    B, C, D = 5, 26, params.get("embedding_dim", 1)
+    pooled = {"emb": torch.randn(B, C * D), "wide": torch.randn(B, C)}
+    logit = model.forward_dense(pooled, torch.randn(B, 13))
+    assert logit.shape == (B,)
+
+
+def test_deepfm_fm_term_is_the_sum_of_pairwise_dot_products():
+    cols = [fc.category_column(f"c{i}") for i in range(4)] + [fc.numeric_column("x")]
+    model = DeepFM(cols, embedding_dim=3, hidden_units=[5])
+    with torch.no_grad():  # silence the linear and deep parts: only the FM term is left
+        model.deep[-1].weight.zero_()
+        model.deep[-1].bias.zero_()
+        model.wide_dense.weight.zero_()
+        model.bias.zero_()
+    v = torch.randn(2, 4, 3)  # [B, C, D]
+    pooled = {"emb": v.reshape(2, 12), "wide": torch.zeros(2, 4)}
+    got = model.forward_dense(pooled, torch.randn(2, 1))
+    want = sum((v[:, i] * v[:, j]).sum(1) for i in range(4) for j in range(i + 1, 4))
+    torch.testing.assert_close(got, want)
+
+
+def test_lr_and_widedeep_linear_part_sums_key_weights_and_dense():
+    cols = [fc.category_column("a"), fc.category_column("b"), fc.numeric_column("x")]
+    model = LR(cols)
+    with torch.no_grad():
+        model.wide_dense.weight.fill_(2.0)
+        model.bias.fill_(0.5)
+    got = model.forward_dense({"wide": torch.tensor([[1.0, -3.0]])}, torch.tensor([[4.0]]))
+    torch.testing.assert_close(got, torch.tensor([1.0 - 3.0 + 8.0 + 0.5]))
+    wd = WideDeep(cols, embedding_dim=2, hidden_units=[3])
+    assert [layer.dim for layer in wd.embedding_layers()] == [2, 1]
+    assert wd.wide.initializer == tn.table.zeros()  # linear weights start at 0
+
+
+def test_dcn_cross_layer_formula():
+    layer = CrossLayer(3)
+    x0, x = torch.randn(4, 3), torch.randn(4, 3)
+    want = x0 * (x @ layer.linear.weight.T + layer.linear.bias) + x
+    torch.testing.assert_close(layer(x0, x), want)
+    model = DCN([fc.category_column("a"), fc.numeric_column("x")], 2, [4], cross_layers=3)
+    assert len(model.cross) == 3 and not hasattr(model, "wide")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"embedding_dim": 0}, r"`embedding_dim` must be a positive int. Received: 0"),
+        ({"hidden_units": [8, -1]}, r"`hidden_units` must be a list of positive ints"),
+        ({"hidden_units": 8}, r"`hidden_units` must be a list of positive ints"),
+        ({"columns": [fc.numeric_column("x")]}, r"at least one categorical column"),
+        (
+            {"columns": [fc.sequence_category_column("s", "int", 5)]},
+            r"takes category, bucketized, embedding \(pooled\) and numeric",
+        ),
+        (
+            {"columns": [fc.embedding_column(fc.category_column("a"), 8)]},
+            r'column "a" has dimension 8, but .* embedding_dim=4',
+        ),
+    ],
+    ids=["dim0", "hidden-negative", "hidden-int", "no-categorical", "sequence", "other-dim"],
+)
+def test_constructor_errors_name_the_argument(kwargs, match):
+    args = {"columns": [fc.category_column("a")], "embedding_dim": 4, "hidden_units": [8]}
+    args.update(kwargs)
+    with pytest.raises(ArgumentError, match=match):
+        DeepFM(**args)
+
+
+def test_dcn_and_build_errors():
+    with pytest.raises(ArgumentError, match=r"`cross_layers` must be an int >= 0. Received: .*-1"):
+        DCN([fc.category_column("a")], cross_layers=-1)
+    with pytest.raises(ArgumentError, match=r"Unknown model 'deepfn'; expected one of"):
+        build("deepfn", [fc.category_column("a")])
+    assert sorted(MODELS) == ["dcn", "deepfm", "lr", "widedeep"]
+
+
+@pytest.mark.parametrize(("name", "params"), ZOO)
+def test_saved_model_predicts_the_same(tmp_path, criteo_data, name, params):
+    cols, train, test = criteo_data
+    torch.manual_seed(0)
+    model = build(name, cols, **params)
+    model.compile()
+    model.fit(train, epochs=1, verbose=0)
+    save_model(model, tmp_path / "m", params)
+    save_model(model, tmp_path / "m", params)  # replaces the earlier one
+    assert sorted(os.listdir(tmp_path)) == ["m"]  # no temporary directory left
+    loaded, doc = load_model(tmp_path / "m")
+    assert type(loaded) is type(model) and doc["model"] == name
+    want = model.predict(test)["prediction"]
+    np.testing.assert_array_equal(loaded.predict(test)["prediction"], want)
+
+
+def test_load_model_errors_name_the_file(tmp_path, criteo_data):
+    with pytest.raises(CheckpointError, match=r"model.json not found: not a model directory"):
+        load_model(tmp_path)
+    model = LR(criteo_data[0])
+    model.compile()
+    save_model(model, tmp_path / "m", {})
+    doc = json.loads((tmp_path / "m" / "model.json").read_text())
+    (tmp_path / "m" / "model.json").write_text(json.dumps({**doc, "version": 99}))
+    with pytest.raises(FormatVersionError, match=r"model.json: version 99"):
+        load_model(tmp_path / "m")
+    (tmp_path / "m" / "model.json").write_text(json.dumps(doc))
+    (tmp_path / "m" / "dense.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match=r"dense.pt: cannot read the dense weights"):
+        load_model(tmp_path / "m")
+
+
+def test_run_log_writes_step_and_epoch_records(tmp_path, criteo_data):
+    cols, train, _ = criteo_data
+    model = LR(cols)
+    model.compile()
+    log = RunLog(tmp_path / "run", every=2)
+    model.fit(log.wrap(train), epochs=2, callbacks=[log], verbose=0)
+    records = read_runlog(tmp_path / "run")
+    steps = [r for r in records if r["event"] == "step"]
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert [(r["epoch"], r["step"]) for r in steps] == [(e, s) for e in (0, 1) for s in (2, 4, 6)]
+    assert [r["global_step"] for r in steps] == [2, 4, 6, 8, 10, 12]
+    assert [r["rows"] for r in epochs] == [3000, 3000]
+    assert [r["rows"] for r in steps[:3]] == [1000, 2000, 3000]
+    for r in epochs:
+        assert r["steps"] == 6 and r["samples_per_s"] > 0 and 0 <= r["input_wait_share"] <= 1
+        assert {"loss", "auc", "logloss"} <= set(r)
+    assert all(r["input_wait_s"] >= 0 and "loss" in r for r in steps)
+
+
+def test_run_log_without_wrapped_data_and_errors(tmp_path):
+    log = RunLog(tmp_path, every=0, tensorboard=True)  # tensorboard absent or present: no crash
+    log.on_train_begin()
+    log.on_epoch_begin(0)
+    log.on_train_batch_end(1, {"loss": float("nan")})
+    log.on_epoch_end(0, {"loss": float("inf")})
+    log.on_train_end()
+    (rec,) = read_runlog(tmp_path / "runlog.jsonl")
+    assert rec["event"] == "epoch" and rec["loss"] is None and "samples_per_s" not in rec
+    with pytest.raises(ArgumentError, match=r"`every` must be an int >= 0. Received: every=-1"):
+        RunLog(tmp_path, every=-1)
+    timed = TimedData([1, 2])
+    assert list(timed) == [1, 2] and timed.batches == 2 and timed.wait_s >= 0
