@@ -6,6 +6,8 @@ import sys
 import time
 from typing import IO, Any
 
+from tnrec.errors import ArgumentError
+
 
 class Callback:
     """Base class: override the hooks you need. ``self.model`` is set by ``fit``."""
@@ -25,7 +27,8 @@ class Callback:
         """Called after each epoch with its metrics (and ``val_*`` ones)."""
 
     def on_train_batch_end(self, step: int, logs: dict[str, float] | None = None) -> None:
-        """Called after every training step with that step's logs (its loss)."""
+        """Called after every training step with its logs (``loss``, ``batch_size``: this
+        worker's rows)."""
 
 
 class History(Callback):
@@ -109,3 +112,89 @@ class ProgressBar:
             f"{end}epoch {epoch + 1} - {secs:.1f}s - {rate:,.0f} samples/s - {format_logs(logs)}\n"
         )
         self.stream.flush()
+
+
+class Checkpoint(Callback):
+    """Load the last checkpoint when ``fit`` starts; save when it ends (and every n steps).
+
+    Saves go to ``model_dir/<dt>/<generation>`` (see :mod:`tnrec.checkpoint`).
+    A mid-day save records each worker's input position; when ``fit`` starts
+    from such a checkpoint on the same number of workers, the reader resumes
+    after the last row trained (no row twice, none skipped). The final save
+    marks the day complete.
+
+    Args:
+        model_dir: the checkpoint root.
+        dt: the day being trained (e.g. ``"2024-05-10"``).
+        save_every_n_steps: also save every n training steps.
+        keep: keep only this many newest generations.
+        load: load the last checkpoint at the start of ``fit``.
+        save_at_end: save (day complete) when ``fit`` ends; the daily cycle
+            turns it off to decay and evict first.
+
+    Example:
+        >>> cb = Checkpoint("model_dir", dt="2024-05-10", save_every_n_steps=1000)
+        >>> # model.fit(reader, callbacks=[cb])
+    """
+
+    def __init__(
+        self,
+        model_dir: str,
+        dt: str,
+        save_every_n_steps: int | None = None,
+        keep: int | None = None,
+        load: bool = True,
+        save_at_end: bool = True,
+    ) -> None:
+        if save_every_n_steps is not None and (
+            not isinstance(save_every_n_steps, int) or save_every_n_steps < 1
+        ):
+            raise ArgumentError(
+                f"Checkpoint: `save_every_n_steps` must be an int >= 1 or None. "
+                f"Received: {save_every_n_steps!r}."
+            )
+        self.model_dir = model_dir
+        self.dt = dt
+        self.save_every_n_steps = save_every_n_steps
+        self.keep = keep
+        self.load = load
+        self.save_at_end = save_at_end
+        self.report: Any = None
+
+    def _position(self) -> Any:
+        data = self.model.fit_data
+        return data.position() if hasattr(data, "position") else None
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        if not self.load:
+            return
+        self.report = self.model.load_weights(self.model_dir)
+        if self.report is None:
+            return
+        same_day = self.report.resume.get("dt") == self.dt
+        pos = self.report.position
+        if same_day and not self.report.resume.get("day_complete") and pos is not None:
+            if hasattr(self.model.fit_data, "seek"):
+                self.model.fit_data.seek(pos)
+
+    def on_train_batch_end(self, step: int, logs: dict[str, float] | None = None) -> None:
+        n = self.save_every_n_steps
+        if n is not None and self.model.global_step % n == 0:
+            self.model.save_weights(
+                self.model_dir,
+                self.dt,
+                resume={"dt": self.dt, "day_complete": False},
+                position=self._position(),
+                keep=self.keep,
+            )
+
+    def on_train_end(self, logs: dict[str, float] | None = None) -> None:
+        if not self.save_at_end:
+            return
+        self.model.save_weights(
+            self.model_dir,
+            self.dt,
+            resume={"dt": self.dt, "day_complete": True},
+            position=self._position(),
+            keep=self.keep,
+        )

@@ -80,6 +80,10 @@ class Model(TrainingLoops, torch.nn.Module):
         self.clip_norm: float | None = None
         self.click_label: str | None = None
         self.stop_training = False
+        self.global_step = 0  # training steps taken, kept in checkpoints
+        self.fit_data: Any = (
+            None  # the worker's data of the running fit (callbacks ask its position)
+        )
         self._loss_state = np.zeros(2, np.float64)  # [sum of w * loss, sum of w], this worker
 
     # ------------------------------------------------------------------ tables
@@ -136,6 +140,8 @@ class Model(TrainingLoops, torch.nn.Module):
         if ps_factory is None:
             strategy = current_strategy()
             ps_factory = strategy.make_ps if strategy is not None else LocalPS
+        for table in tables.values():
+            table.generation = 1  # rows changed before the first checkpoint belong to generation 1
         self._ps = ps_factory(tables)
         # Every worker starts from rank 0's dense parameters.
         self._ps.broadcast_parameters([*self.parameters(), *self.buffers()])
@@ -151,6 +157,45 @@ class Model(TrainingLoops, torch.nn.Module):
     def tables(self) -> dict[str, SparseTable]:
         """This process's tables (its shard of each, when distributed), by name."""
         return dict(self.ps.tables)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_weights(
+        self,
+        model_dir: str,
+        dt: str,
+        *,
+        resume: dict[str, Any] | None = None,
+        position: dict[str, Any] | None = None,
+        keep: int | None = None,
+    ) -> str:
+        """Save a new checkpoint generation for day ``dt`` (see :mod:`tnrec.checkpoint`).
+
+        Every worker calls it. Returns the published directory.
+        """
+        from tnrec import checkpoint
+
+        resume = {"global_step": self.global_step, **(resume or {})}
+        return checkpoint.save(self, model_dir, dt, resume=resume, position=position, keep=keep)
+
+    def load_weights(self, model_dir: str, dt: str | None = None, *, partial: bool = False) -> Any:
+        """Load the last complete checkpoint (of day ``dt``); with ``partial``, warm-start.
+
+        Returns:
+            A :class:`tnrec.checkpoint.LoadReport` (loaded / skipped / freshly
+            initialised parts, resume state, this worker's input position), or
+            None when ``model_dir`` holds no checkpoint (nothing changes; a
+            message says so).
+        """
+        from tnrec import checkpoint
+
+        report = checkpoint.load(self, model_dir, dt, partial=partial)
+        if report is None:
+            if self.ps.rank == 0:
+                print(f"load_weights: no checkpoint in {model_dir}; starting fresh.", flush=True)
+            return None
+        self.global_step = int(report.resume.get("global_step", 0))
+        return report
 
     # ------------------------------------------------------------------ the step
 

@@ -23,6 +23,8 @@ class TrainingLoops:
     _last_preds: dict[str, Any]
     _loss_state: np.ndarray
     stop_training: bool
+    global_step: int
+    fit_data: Any
     ps: Any
     training: bool
 
@@ -61,13 +63,12 @@ class TrainingLoops:
             return data.split(self.ps.rank, W)  # type: ignore[attr-defined]
         return data
 
-    def _synced(self, data: Iterable[Any], steps: int | None) -> Iterator[Any]:
+    def _synced(self, part: Iterable[Any], steps: int | None) -> Iterator[Any]:
         """Yield batches while any worker has one; a worker out of data yields empty batches.
 
         One small all-reduce per step tells whether any worker still has data,
         so uneven input never deadlocks the collectives of a step.
         """
-        part = self._worker_part(data)
         it = iter(part)
         template = None
         step = 0
@@ -134,6 +135,7 @@ class TrainingLoops:
         if not isinstance(epochs, int) or epochs < 0:
             raise ArgumentError(f"`epochs` must be an int >= 0. Received: epochs={epochs!r}.")
         history = History()
+        self.fit_data = part = self._worker_part(data)
         cbs = [*callbacks, history]
         for cb in cbs:
             cb.model = self
@@ -148,15 +150,17 @@ class TrainingLoops:
             show = verbose and self.ps.rank == 0
             bar = ProgressBar(steps_per_epoch, log_every=log_every) if show else None
             rows = 0
-            for step, batch in enumerate(self._synced(data, steps_per_epoch), start=1):
+            for step, batch in enumerate(self._synced(part, steps_per_epoch), start=1):
                 logs = self.train_step(batch)
+                self.global_step += 1
                 rows += batch.size
                 if bar is not None:
                     bar.samples = rows
                     if bar.due(step):
                         bar.update(step, rows, self._metric_logs(reduce=False))
+                step_logs = {**logs, "batch_size": batch.size}
                 for cb in cbs:
-                    cb.on_train_batch_end(step, logs)
+                    cb.on_train_batch_end(step, step_logs)
             epoch_logs = self._metric_logs(reduce=True)
             if validation_data is not None:
                 val = self.evaluate(validation_data, verbose=0)
@@ -194,7 +198,7 @@ class TrainingLoops:
         self._reset_metrics()
         kept: dict[str, list[tuple[Any, Any, Any]]] = {h.name: [] for h in self._heads}
         try:
-            for batch in self._synced(data, steps):
+            for batch in self._synced(self._worker_part(data), steps):
                 self.test_step(batch)
                 if exact_auc and batch.size:
                     for h in self._heads:
@@ -236,7 +240,7 @@ class TrainingLoops:
         self.eval()
         out: dict[str, list[np.ndarray]] = {"row_id": []}
         try:
-            for batch in self._synced(data, steps):
+            for batch in self._synced(self._worker_part(data), steps):
                 preds = self.predict_step(batch)
                 out["row_id"].append(batch.row_ids)
                 for j, name in enumerate(batch.label_names):

@@ -32,6 +32,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,18 @@ FORMAT = "tnrec.sparse_table"
 FORMAT_VERSION = 1
 HEADER = "table.json"
 TEXT_ROWS = "rows.txt"
+
+
+_kill_hits: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """Die here with SIGKILL at the ``TNREC_KILL_HIT``-th (default 1st) pass through the
+    point ``TNREC_KILL_AT`` names (crash tests only; nothing happens without them)."""
+    if os.environ.get("TNREC_KILL_AT") == name:
+        _kill_hits[name] = _kill_hits.get(name, 0) + 1
+        if _kill_hits[name] >= int(os.environ.get("TNREC_KILL_HIT", "1")):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _sha256(path: str) -> str:
@@ -178,6 +191,7 @@ def save(
                 arr = np.ascontiguousarray(arrays[name])
                 _write_file(os.path.join(tmp, fname), _npy_writer(arr))
                 checksums[fname] = _sha256(os.path.join(tmp, fname))
+                kill_point(f"file:{fname}")
         else:
             _write_file(os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays))
             checksums[TEXT_ROWS] = _sha256(os.path.join(tmp, TEXT_ROWS))

@@ -1,0 +1,173 @@
+"""TensorNet's daily incremental cycle, made restartable: train a list of days in order.
+
+For each day, in order:
+
+1. skip it if the checkpoint says it is complete;
+2. optionally evaluate on it before training (next-day AUC: the model trained
+   up to yesterday, scored on today);
+3. train it (resuming after the last row trained if a mid-day checkpoint of
+   this day exists on the same number of workers; with ``save_every_n_steps``
+   mid-day checkpoints are written);
+4. ``show_decay(days since the last decayed day)``, then ``evict()`` by each
+   table's policy;
+5. save the day's checkpoint, marked complete.
+
+A day label that parses as ``YYYY-MM-DD`` (or ``YYYYMMDD``) decays by the
+calendar days elapsed; other labels count one day each.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tnrec.callbacks import Callback, Checkpoint
+from tnrec.errors import ArgumentError
+
+
+@dataclass
+class DayReport:
+    """What one day did (global over workers)."""
+
+    dt: str
+    skipped: bool = False
+    rows_trained: int = 0
+    keys_created: int = 0
+    keys_evicted: int = 0
+    table_sizes: dict[str, int] = field(default_factory=dict)
+    next_day_auc: float | None = None
+    resumed: bool = False
+
+
+def _parse_day(dt: str) -> _dt.date | None:
+    for fmt in ("%Y-%m-%d", "%Y%m%d"):
+        try:
+            return _dt.datetime.strptime(dt, fmt).date()
+        except ValueError:
+            pass
+    return None
+
+
+def days_between(earlier: str | None, later: str) -> int:
+    """Return the days to decay by between two day labels (1 when they are not dates)."""
+    if earlier is None:
+        return 0
+    a, b = _parse_day(earlier), _parse_day(later)
+    if a is None or b is None:
+        return 1
+    return max((b - a).days, 0)
+
+
+def train_days(
+    model: Any,
+    days: Sequence[tuple[str, Callable[[], Any]]],
+    model_dir: str,
+    *,
+    epochs: int = 1,
+    save_every_n_steps: int | None = None,
+    keep: int | None = None,
+    eval_next_day: bool = False,
+    verbose: int = 0,
+) -> list[DayReport]:
+    """Train ``days`` (``(dt, make_reader)`` pairs, in order) with checkpoints in ``model_dir``.
+
+    Every worker calls it with the same days; each reader is split per worker.
+
+    Returns:
+        One :class:`DayReport` per day.
+
+    Raises:
+        ArgumentError: repeated day labels.
+    """
+    labels = [dt for dt, _ in days]
+    if len(set(labels)) != len(labels):
+        raise ArgumentError(f"train_days: day labels must be unique. Received: {labels}.")
+    report = model.load_weights(model_dir)
+    resume = report.resume if report is not None else {}
+    done_dt, done = resume.get("dt"), bool(resume.get("day_complete"))
+    last_decayed = resume.get("last_decayed_day")
+    start = labels.index(done_dt) if done_dt in labels else 0
+    reports = []
+    ps = model.ps
+    for i, (dt, make_reader) in enumerate(days):
+        if i < start or (i == start and dt == done_dt and done):
+            reports.append(DayReport(dt, skipped=True))
+            continue
+        day = DayReport(dt)
+        if eval_next_day and report is not None:
+            day.next_day_auc = model.evaluate(make_reader(), verbose=0).get("auc")
+        part = model._worker_part(make_reader())
+        position = report.position if report is not None and dt == done_dt and not done else None
+        if position is not None and hasattr(part, "seek"):
+            part.seek(position)
+            day.resumed = True
+        before = _sizes(model)
+        counter = _RowCounter()
+        cbs: list[Callback] = [counter]
+        if save_every_n_steps is not None:
+            cbs.append(
+                Checkpoint(
+                    model_dir, dt, save_every_n_steps, keep=keep, load=False, save_at_end=False
+                )
+            )
+        model.fit(part, epochs=epochs, callbacks=cbs, verbose=verbose)
+        created = {n: _sizes(model)[n] - before[n] for n in before}
+        delta = days_between(last_decayed, dt) if last_decayed is not None else 1
+        evicted = 0
+        for table in model.tables.values():
+            table.show_decay(delta)
+            evicted += table.evict()
+        last_decayed = dt
+        totals = ps.all_reduce_sum(
+            np.array([counter.rows, sum(created.values()), evicted], np.float64)
+        )
+        day.rows_trained, day.keys_created, day.keys_evicted = (int(x) for x in totals)
+        day.table_sizes = _sizes(model)
+        model.save_weights(
+            model_dir,
+            dt,
+            resume={"dt": dt, "day_complete": True, "last_decayed_day": dt},
+            position=part.position() if hasattr(part, "position") else None,
+            keep=keep,
+        )
+        report = None  # later days start fresh: no position to resume
+        reports.append(day)
+        if verbose and ps.rank == 0:
+            print(format_day(day), flush=True)
+    return reports
+
+
+def _sizes(model: Any) -> dict[str, int]:
+    """Global key count of every table."""
+    names = sorted(model.tables)
+    local = np.array([len(model.tables[n]) for n in names], np.float64)
+    return {n: int(x) for n, x in zip(names, model.ps.all_reduce_sum(local), strict=True)}
+
+
+class _RowCounter(Callback):
+    """Counts the rows this worker trained."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        self.rows = 0
+
+    def on_train_batch_end(self, step: int, logs: dict[str, float] | None = None) -> None:
+        self.rows += int((logs or {}).get("batch_size", 0))
+
+
+def format_day(day: DayReport) -> str:
+    """One line per day for logs and the CLI."""
+    if day.skipped:
+        return f"day {day.dt}: already complete, skipped"
+    auc = f" next-day AUC {day.next_day_auc:.4f} -" if day.next_day_auc is not None else ""
+    sizes = ", ".join(f"{k}={v}" for k, v in day.table_sizes.items())
+    return (
+        f"day {day.dt}:{auc} rows {day.rows_trained} - keys created {day.keys_created} - "
+        f"evicted {day.keys_evicted} - tables {sizes}" + (" (resumed)" if day.resumed else "")
+    )
