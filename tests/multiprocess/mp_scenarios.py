@@ -214,6 +214,41 @@ def run_uneven(rank: int, world: int, data_dir: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _dump(model, prefix: str) -> dict[str, np.ndarray]:
+    out = {
+        f"{prefix}/prediction": model.predict([global_batch(100 + i) for i in range(3)])[
+            "prediction"
+        ]
+    }
+    for tname, table in model.tables.items():
+        for k, v in table.rows().items():
+            out[f"{prefix}/table/{tname}/{k}"] = v
+    return out
+
+
+def _reshard_model() -> ContractModel:
+    torch.manual_seed(0)
+    model = ContractModel(AdaGrad(0.1))
+    model.compile(tn.optimizer.Adam(0.01), loss="binary_crossentropy_from_logits")
+    return model
+
+
+def run_reshard(rank: int, world: int, ckpt_in: str, ckpt_out: str) -> dict[str, np.ndarray]:
+    """Load a checkpoint written by another number of workers; train and save one of our own."""
+    out = {}
+    if ckpt_in != "-":
+        model = _reshard_model()
+        model.load_weights(ckpt_in)
+        out.update(_dump(model, "loaded"))
+    if ckpt_out != "-":
+        model = _reshard_model()
+        for step in range(10):
+            model.train_step(worker_slice(global_batch(step), step, rank, world))
+        model.save_weights(ckpt_out, "d0")
+        out.update(_dump(model, "saved"))
+    return out
+
+
 SCENARIOS = {"contract": run_contract, "timeout": run_timeout, "crash": run_crash}
 
 
@@ -224,6 +259,8 @@ def main() -> None:
     strategy = tn.distribute.PsStrategy(timeout_s=timeout_s)
     if scenario == "uneven":
         out = run_uneven(strategy.rank, strategy.world_size, sys.argv[4])
+    elif scenario == "reshard":
+        out = run_reshard(strategy.rank, strategy.world_size, sys.argv[4], sys.argv[5])
     else:
         out = SCENARIOS[scenario](strategy.rank, strategy.world_size)
     np.savez(os.path.join(out_dir, f"{scenario}-rank{strategy.rank}.npz"), **out)

@@ -95,3 +95,41 @@ def test_uneven_files_train_every_row_once_and_metrics_are_global(launch, tmp_pa
     np.testing.assert_allclose(
         preds[order], ref["predict/prediction"][ref_order], rtol=1e-5, atol=1e-6
     )
+
+
+def test_checkpoints_reshard_between_any_numbers_of_workers(launch, tmp_path):
+    one, two = str(tmp_path / "w1"), str(tmp_path / "w2")
+    ref = mp_scenarios.run_reshard(0, 1, "-", one)  # saved by 1 worker
+    # 2 workers: load the 1-worker checkpoint, then train the same steps and save their own
+    res = launch(2, ["reshard", str(tmp_path), "120", one, two])
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts2 = load(tmp_path, "reshard", 2)
+    # 1 worker loads the 2-worker checkpoint (in this process)
+    loaded1 = mp_scenarios.run_reshard(0, 1, two, "-")
+    # 3 workers load the 2-worker checkpoint
+    res = launch(3, ["reshard", str(tmp_path), "120", two, "-"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts3 = load(tmp_path, "reshard", 3)
+
+    def check(parts, prefix, want_parts, want_prefix):
+        got = merged_tables(parts, prefix)
+        want = merged_tables(want_parts, want_prefix)
+        assert sorted(got) == sorted(want) == ["c", "shared"]
+        for t in want:
+            for a, v in want[t].items():
+                if a != "marker":
+                    np.testing.assert_allclose(
+                        got[t][a], v, rtol=1e-5, atol=1e-6, err_msg=f"{t} {a}"
+                    )
+        for p in parts:
+            np.testing.assert_allclose(
+                p[f"{prefix}/prediction"],
+                want_parts[0][f"{want_prefix}/prediction"],
+                rtol=1e-5,
+                atol=1e-6,
+            )
+
+    check(parts2, "loaded", [ref], "saved")  # save on 1 -> load on 2
+    check(parts2, "saved", [ref], "saved")  # 2 workers trained the same model as 1
+    check([loaded1], "loaded", parts2, "saved")  # save on 2 -> load on 1
+    check(parts3, "loaded", parts2, "saved")  # save on 2 -> load on 3
