@@ -1,0 +1,228 @@
+"""Export -> Predictor reproduces model.predict from raw rows; delta exports; the graph alone."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import tnrec as tn
+from tnrec.data import to_batch
+from tnrec.errors import ArgumentError, ChecksumError, DataError
+from tnrec.export import apply_delta, export_delta, load_dictionary
+from tnrec.serving import Predictor
+from tnrec.table import AdaGrad, EvictionPolicy
+
+fc = tn.feature_column
+USER = fc.category_column("user", dtype="int")
+ITEM = fc.category_column("item", dtype="str")
+TAGS = fc.category_column("tags", dtype="str")
+CLICKS = fc.sequence_category_column("clicks", dtype="int", max_length=3)
+PRICE = fc.numeric_column("price", default=1.0, transform=fc.log1p())
+AGE = fc.numeric_column("age", default=30.0, transform=fc.bucketize([18, 30, 50]))
+INPUTS = [USER, ITEM, TAGS, CLICKS, AGE, PRICE]
+
+
+class Custom(tn.Model):
+    """Sum, mean and sqrtn bags, a sequence column with attention-like pooling, two heads."""
+
+    def __init__(self):
+        super().__init__()
+        self.feature_columns = [PRICE]
+        opt = AdaGrad(0.1)
+        pol = EvictionPolicy(show_threshold=1.5)
+        self.emb = tn.layers.EmbeddingFeatures(
+            [
+                fc.embedding_column(USER, 4),
+                fc.embedding_column(ITEM, 4, combiner="mean"),
+                fc.embedding_column(TAGS, 4, combiner="sqrtn"),
+                fc.embedding_column(AGE, 4),
+            ],
+            opt,
+            output="dict",
+            policy=pol,
+        )
+        self.seq = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(CLICKS, 4)], opt, table="emb", policy=pol
+        )
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(21, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)
+        )
+
+    def forward_dense(self, pooled, dense):
+        grid, lengths = pooled["seq"][0]  # [B, T, D], [B]
+        mask = (torch.arange(grid.shape[1])[None, :] < lengths[:, None]).float()  # [B, T]
+        seq = (grid * mask[:, :, None]).sum(1) / lengths.clamp(min=1)[:, None].float()  # [B, D]
+        e = pooled["emb"]
+        z = self.mlp(torch.cat([e["user"], e["item"], e["tags"], e["age"], seq, dense], 1))
+        return {"ctr": z[:, 0], "cvr": torch.sigmoid(z[:, 1])}
+
+
+def raw_rows(n, seed, shift=0):
+    """Raw rows; ``shift`` moves the id ranges (new ids appear, old ones go quiet)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        rows.append(
+            {
+                "user": None if rng.random() < 0.1 else int(rng.integers(0, 30)) + shift,
+                "item": None if rng.random() < 0.1 else f"i{rng.integers(0, 20) + shift}",
+                "tags": [f"t{t}" for t in rng.integers(0, 8, rng.integers(0, 4))],
+                "clicks": [int(c) for c in rng.integers(0, 15, rng.integers(0, 6))],
+                "age": None if rng.random() < 0.1 else float(rng.integers(10, 70)),
+                "price": None if rng.random() < 0.1 else float(rng.exponential(10)),
+                "ctr": float(rng.random() < 0.3),
+                "cvr": float(rng.random() < 0.1),
+            }
+        )
+    return rows
+
+
+def schema():
+    return pa.schema(
+        [
+            ("user", pa.int64()),
+            ("item", pa.string()),
+            ("tags", pa.list_(pa.string())),
+            ("clicks", pa.list_(pa.int64())),
+            ("age", pa.float64()),
+            ("price", pa.float64()),
+            ("ctr", pa.float64()),
+            ("cvr", pa.float64()),
+        ]
+    )
+
+
+def batches(rows, size=32):
+    table = pa.Table.from_pylist(rows, schema=schema())
+    return [
+        to_batch(table.slice(i, size), INPUTS, label=["ctr", "cvr"])
+        for i in range(0, len(rows), size)
+    ]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    torch.manual_seed(0)
+    m = Custom()
+    m.compile(
+        tn.optimizer.Adam(learning_rate=0.02),
+        loss={"ctr": "binary_crossentropy_from_logits", "cvr": "binary_crossentropy"},
+    )
+    m.fit(batches(raw_rows(320, 0)), epochs=2, verbose=0)
+    return m
+
+
+def test_predictor_reproduces_model_predict_from_raw_rows(trained, tmp_path):
+    path = trained.export(str(tmp_path / "exp"))
+    manifest = json.loads((tmp_path / "exp" / "manifest.json").read_text())
+    assert [h["name"] for h in manifest["heads"]] == ["ctr", "cvr"]
+    keys, weights = load_dictionary(path, "emb")
+    assert isinstance(keys, np.memmap) and (np.diff(keys) > 0).all() and weights.shape[1] == 4
+    rows = raw_rows(96, 1)  # new rows: unseen keys, missing values, multi-valued, sequences
+    want = trained.predict(batches(rows))
+    got = Predictor(path).predict(rows)
+    for head in ("ctr", "cvr"):
+        np.testing.assert_allclose(got[head], want[f"prediction_{head}"], rtol=1e-5, atol=1e-6)
+    # the other input forms give the same answer
+    table = pa.Table.from_pylist(rows, schema=schema())
+    np.testing.assert_array_equal(Predictor(path).predict(table)["ctr"], got["ctr"])
+    np.testing.assert_array_equal(Predictor(path).predict(table.to_pydict())["ctr"], got["ctr"])
+
+
+def test_predictor_in_a_fresh_process(trained, tmp_path):
+    path = trained.export(str(tmp_path / "exp"))
+    rows = raw_rows(20, 2)
+    want = trained.predict(batches(rows))["prediction_ctr"]
+    code = (
+        "import json, sys, numpy as np\n"
+        "from tnrec.serving import Predictor\n"
+        "rows = json.loads(sys.stdin.read())\n"
+        f"print(json.dumps(Predictor({path!r}).predict(rows)['ctr'].tolist()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(rows), capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    np.testing.assert_allclose(json.loads(out.stdout), want, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_graph_runs_in_a_process_that_imports_only_torch(trained, tmp_path):
+    path = trained.export(str(tmp_path / "exp"))
+    code = (
+        "import sys, torch\n"
+        f"g = torch.export.load({os.path.join(path, 'dense.pt2')!r}).module()\n"
+        "B = 5\n"
+        "args = [torch.randn(B, 4) for _ in range(4)] + [torch.randn(B, 3, 4), torch.tensor([0, 1, 2, 3, 3]),"
+        " torch.randn(B, 1)]\n"
+        "ctr, cvr = g(*args)\n"
+        "assert ctr.shape == (B,) and cvr.shape == (B,)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('tnrec')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_min_show_prunes_and_pruned_keys_read_as_zeros(trained, tmp_path):
+    full = Predictor(trained.export(str(tmp_path / "full")))
+    pruned_path = trained.export(str(tmp_path / "pruned"), min_show=1e9)
+    keys, _ = load_dictionary(pruned_path, "emb")
+    assert keys.shape[0] == 0
+    rows = raw_rows(10, 3)
+    assert not np.allclose(full.predict(rows)["ctr"], Predictor(pruned_path).predict(rows)["ctr"])
+
+
+def test_predictor_input_errors(trained, tmp_path):
+    p = Predictor(trained.export(str(tmp_path / "exp")))
+    rows = raw_rows(3, 4)
+    for r in rows:
+        del r["tags"]
+    with pytest.raises(DataError, match=r"lack feature columns \['tags'\]"):
+        p.predict(rows)
+    with pytest.raises(DataError, match="must be a list of dicts"):
+        p.predict(42)
+    bad = raw_rows(3, 5)
+    bad[1]["user"] = "not-a-number"
+    with pytest.raises(DataError):
+        p.predict(bad)
+    with pytest.raises(ArgumentError, match="already exists"):
+        trained.export(str(tmp_path / "exp"))
+    w = tmp_path / "exp" / "embeddings" / "emb" / "weights.npy"
+    w.write_bytes(w.read_bytes()[:-4] + b"\x00\x00\x80\x7f")
+    with pytest.raises(ChecksumError, match=r"weights\.npy is corrupt"):
+        Predictor(str(tmp_path / "exp"))
+
+
+def test_full_plus_delta_equals_full(tmp_path):
+    torch.manual_seed(0)
+    m = Custom()
+    m.compile(
+        tn.optimizer.Adam(0.02), loss={"ctr": "binary_crossentropy_from_logits", "cvr": "mse"}
+    )
+    d1 = batches(raw_rows(200, 10))
+    m.fit(d1, verbose=0)
+    g1 = m.save_weights(str(tmp_path / "m"), "d1")
+    before = set(m.tables["emb"].keys().tolist())
+    m.fit(batches(raw_rows(60, 11, shift=25)), verbose=0)  # updates some keys, creates others
+    m.tables["emb"].show_decay(40)  # old, rarely seen keys fall below the threshold
+    evicted = m.tables["emb"].evict()  # and deletes some
+    g2 = m.save_weights(str(tmp_path / "m"), "d2")
+    after = set(m.tables["emb"].keys().tolist())
+    assert evicted > 0 and after - before and before - after
+    for min_show in (None, 2.0):
+        e1 = tn.export.checkpoint_rows(g1)["emb"]
+        e2 = tn.export.checkpoint_rows(g2)["emb"]
+        delta = export_delta(g1, g2, str(tmp_path / f"delta-{min_show}"), min_show=min_show)
+        keep1 = np.ones_like(e1["keys"], bool) if min_show is None else e1["show"] >= min_show
+        keep2 = np.ones_like(e2["keys"], bool) if min_show is None else e2["show"] >= min_show
+        k, w = apply_delta(e1["keys"][keep1], e1["weights"][keep1], delta, "emb")
+        np.testing.assert_array_equal(k, e2["keys"][keep2])
+        np.testing.assert_array_equal(w, e2["weights"][keep2])
+        doc = json.loads((tmp_path / f"delta-{min_show}" / "manifest.json").read_text())
+        assert doc["since"] == "d1/1" and doc["to"] == "d2/2"
+        assert 0 < doc["tables"]["emb"]["updated"] < e2["keys"].shape[0]
