@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -31,8 +32,10 @@ class Comm:
         self.world_size = dist.get_world_size()
         self.timeout_s = timeout_s
         self.bytes_sent = 0  # payload bytes this worker sent to other workers (all_to_all only)
+        self.seconds: dict[str, float] = {}  # wall time spent in each phase's collectives
 
     def _run(self, phase: str, fn: Callable[[], T]) -> T:
+        start = time.perf_counter()
         try:
             return fn()
         except (RuntimeError, ValueError) as e:
@@ -40,6 +43,8 @@ class Comm:
                 f"rank {self.rank}/{self.world_size}: collective '{phase}' failed or did not "
                 f"complete within {self.timeout_s:g} s (a worker may have crashed or stalled): {e}"
             ) from e
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def all_to_all(
         self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], phase: str
