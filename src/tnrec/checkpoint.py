@@ -33,7 +33,6 @@ marker), so ``marker > g`` selects what changed since generation ``g``.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -47,13 +46,13 @@ import torch
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
-    ChecksumError,
     FormatVersionError,
     MismatchError,
 )
 from tnrec.feature_column import to_spec
 from tnrec.table import NUM_BUCKETS
 from tnrec.table import files as table_files
+from tnrec.table.files import check_file, fsync_dir, sha256_file
 from tnrec.table.files import kill_point as _kill_point
 
 if TYPE_CHECKING:
@@ -68,22 +67,6 @@ _GEN = re.compile(r"^[0-9]+$")
 
 
 # ---------------------------------------------------------------- small file helpers
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_json(path: str, doc: Any) -> None:
@@ -278,17 +261,17 @@ def save(
     if rank == 0:
         manifest = _manifest(model, tmp, dt, generation, world, resume or {})
         _write_json(os.path.join(tmp, MANIFEST), manifest)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = os.path.join(model_dir, dt, str(generation))
         _kill_point("before-rename")
         os.rename(tmp, final)
-        _fsync_dir(os.path.join(model_dir, dt))
+        fsync_dir(os.path.join(model_dir, dt))
         _kill_point("after-rename")
         pointer_tmp = os.path.join(model_dir, f".{POINTER}.tmp")
         _write_json(pointer_tmp, {"dt": dt, "dir": f"{dt}/{generation}", "generation": generation})
         _kill_point("before-publish")
         os.replace(pointer_tmp, os.path.join(model_dir, POINTER))
-        _fsync_dir(model_dir)
+        fsync_dir(model_dir)
         _kill_point("after-publish")
         if keep is not None:
             _prune(model_dir, keep, f"{dt}/{generation}")
@@ -309,15 +292,15 @@ def _manifest(
             header = os.path.join(tmp, rel, table_files.HEADER)
             if not os.path.isfile(header):
                 raise CheckpointError(f"Worker {r} did not write {header}; not publishing.")
-            parts.append({"dir": rel, "rank": r, "header_sha256": _sha256(header)})
+            parts.append({"dir": rel, "rank": r, "header_sha256": sha256_file(header)})
         head = table_files.header_of(table)
         tables[name] = {
             k: head[k] for k in ("dim", "seed", "initializer", "optimizer", "policy")
         } | {"parts": parts}
-    files = {DENSE: _sha256(os.path.join(tmp, DENSE))}
+    files = {DENSE: sha256_file(os.path.join(tmp, DENSE))}
     for r in range(world):
         rel = os.path.join("workers", f"rank-{r}.json")
-        files[rel] = _sha256(os.path.join(tmp, rel))
+        files[rel] = sha256_file(os.path.join(tmp, rel))
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -371,14 +354,7 @@ def read_manifest(path: str) -> dict[str, Any]:
 
 
 def _check_file(path: str, rel: str, digest: str) -> str:
-    full = os.path.join(path, rel)
-    if not os.path.isfile(full):
-        raise CheckpointError(f"Checkpoint file {full} is missing.")
-    if _sha256(full) != digest:
-        raise ChecksumError(
-            f"Checkpoint file {full} is corrupt: its sha256 does not match {MANIFEST}."
-        )
-    return full
+    return check_file(os.path.join(path, rel), digest, "Checkpoint", MANIFEST)
 
 
 def load(

@@ -25,7 +25,6 @@ export of the second.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -35,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from tnrec.errors import ArgumentError, CheckpointError, ChecksumError, FormatVersionError
+from tnrec.errors import ArgumentError, CheckpointError, FormatVersionError
 from tnrec.feature_column import SequenceCategoryColumn
+from tnrec.table.files import check_file, sha256_file
 
 if TYPE_CHECKING:
     from tnrec.model import Model
@@ -48,20 +48,12 @@ MANIFEST = "manifest.json"
 GRAPH = "dense.pt2"
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _save_npy(path: str, arr: np.ndarray) -> str:
     with open(path, "wb") as f:
         np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
-    return _sha256(path)
+    return sha256_file(path)
 
 
 # ---------------------------------------------------------------- the dense graph
@@ -243,7 +235,7 @@ def export(
         finally:
             model.train(was)
         torch.export.save(program, os.path.join(tmp, GRAPH))
-        files[GRAPH] = _sha256(os.path.join(tmp, GRAPH))
+        files[GRAPH] = sha256_file(os.path.join(tmp, GRAPH))
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -286,13 +278,7 @@ def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str
         )
     if verify:
         for rel, digest in manifest["files"].items():
-            full = os.path.join(path, rel)
-            if not os.path.isfile(full):
-                raise CheckpointError(f"Export file {full} is missing.")
-            if _sha256(full) != digest:
-                raise ChecksumError(
-                    f"Export file {full} is corrupt: its sha256 does not match {MANIFEST}."
-                )
+            check_file(os.path.join(path, rel), digest, "Export", MANIFEST)
     return manifest
 
 

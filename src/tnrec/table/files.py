@@ -74,7 +74,8 @@ def kill_point(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _sha256(path: str) -> str:
+def sha256_file(path: str) -> str:
+    """Return the hex sha256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -82,7 +83,8 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """fsync a directory, so renames and new entries in it are durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -190,11 +192,11 @@ def save(
                 fname = f"{name}.npy"
                 arr = np.ascontiguousarray(arrays[name])
                 _write_file(os.path.join(tmp, fname), _npy_writer(arr))
-                checksums[fname] = _sha256(os.path.join(tmp, fname))
+                checksums[fname] = sha256_file(os.path.join(tmp, fname))
                 kill_point(f"file:{fname}")
         else:
             _write_file(os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays))
-            checksums[TEXT_ROWS] = _sha256(os.path.join(tmp, TEXT_ROWS))
+            checksums[TEXT_ROWS] = sha256_file(os.path.join(tmp, TEXT_ROWS))
         header = header_of(table)
         header.update(
             {
@@ -208,7 +210,7 @@ def save(
         )
         body = json.dumps(header, indent=2, sort_keys=True).encode()
         _write_file(os.path.join(tmp, HEADER), lambda f: _write_bytes(f, body))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         _publish(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -240,7 +242,7 @@ def _publish(tmp: str, path: str) -> None:
         os.rename(path, aside)
         os.rename(tmp, path)
         shutil.rmtree(aside)
-    _fsync_dir(parent)
+    fsync_dir(parent)
 
 
 def _write_text(f: io.BufferedWriter, table: SparseTable, arrays: dict[str, np.ndarray]) -> None:
@@ -299,6 +301,20 @@ def read_header(path: str) -> dict[str, Any]:
     return header
 
 
+def check_file(full: str, digest: str, kind: str, manifest: str) -> str:
+    """Return ``full`` if it exists and its sha256 is ``digest``; raise naming the file otherwise.
+
+    Raises:
+        CheckpointError: the file is missing.
+        ChecksumError: its content does not match ``manifest``.
+    """
+    if not os.path.isfile(full):
+        raise CheckpointError(f"{kind} file {full} is missing.")
+    if sha256_file(full) != digest:
+        raise ChecksumError(f"{kind} file {full} is corrupt: its sha256 does not match {manifest}.")
+    return full
+
+
 def verify(path: str) -> dict[str, Any]:
     """Check a saved table's header and every file's sha256; return the header.
 
@@ -313,13 +329,7 @@ def verify(path: str) -> dict[str, Any]:
 
 def _verify(header: dict[str, Any]) -> None:
     for fname, digest in header["files"].items():
-        full = os.path.join(header["_dir"], fname)
-        if not os.path.isfile(full):
-            raise CheckpointError(f"Saved table file {full} is missing.")
-        if _sha256(full) != digest:
-            raise ChecksumError(
-                f"Saved table file {full} is corrupt: its sha256 does not match table.json."
-            )
+        check_file(os.path.join(header["_dir"], fname), digest, "Saved table", HEADER)
 
 
 def _read_arrays(header: dict[str, Any], names: list[str], dim: int) -> dict[str, np.ndarray]:
