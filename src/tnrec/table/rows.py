@@ -12,6 +12,13 @@ allocated one at a time and never moved: growing the table never copies an
 embedding and never needs twice its memory. Each chunk has an int32 view
 sharing its memory for the integer slots.
 
+The kernels do not index a numba typed List of chunks per row (a call into the
+list's C implementation plus a reference-count round trip, which cost more than
+the row's cache miss); they read ``bases``, an int64 array of the chunks' base
+addresses, and view one chunk as a ``[chunk_rows, stride]`` array with
+``numba.carray`` (no allocation, no reference count). The chunks themselves are
+owned by :attr:`RowStore.chunks`; a chunk is never freed while the store lives.
+
 Rows freed by eviction go on a free list and are reused first.
 """
 
@@ -19,7 +26,10 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba import typed, types
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from tnrec.table.index import find
 from tnrec.table.init import init_weights
@@ -40,8 +50,8 @@ class RowStore:
         self.chunk_rows = rows
         self.shift = rows.bit_length() - 1
         self.lmask = rows - 1
-        self.chunks = typed.List.empty_list(types.float32[:, ::1])
-        self.ichunks = typed.List.empty_list(types.int32[:, ::1])
+        self.chunks: list[np.ndarray] = []  # owns the memory `bases` points into
+        self.bases = np.zeros(0, dtype=np.int64)  # [chunks] base address of each chunk
         self.next_row = 0
         self.free_rows = np.empty(0, dtype=np.int32)
         self.free_top = 0
@@ -58,7 +68,7 @@ class RowStore:
             raise RuntimeError("internal error: a table cannot hold more than 2**31 - 1 rows")
         block = np.zeros((self.chunk_rows, self.stride), dtype=np.float32)
         self.chunks.append(block)
-        self.ichunks.append(block.view(np.int32))
+        self.bases = np.append(self.bases, np.int64(block.ctypes.data))
         grown = np.zeros(self.capacity // 8, dtype=np.uint8)
         grown[: self.bitmap.shape[0]] = self.bitmap
         self.bitmap = grown
@@ -77,11 +87,72 @@ class RowStore:
 
 
 # ---------------------------------------------------------------------------
-# Kernels. `chunks`/`ichunks` are the typed lists, `shift`/`lmask` locate a row.
+# Kernels. `bases` holds the chunks' addresses, `shift`/`lmask` locate a row,
+# `stride` is the record width in 4-byte slots.
+
+
+@intrinsic
+def _f32_ptr(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    sig = types.CPointer(types.float32)(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+
+    return sig, codegen
+
+
+@intrinsic
+def _i32_ptr(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    sig = types.CPointer(types.int32)(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
+
+    return sig, codegen
+
+
+@intrinsic
+def _prefetch_w(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Hint the CPU to fetch the cache line at ``addr`` for writing (``llvm.prefetch``)."""
+    sig = types.void(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(1), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def prefetch_row(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+    """Start fetching every cache line of row ``r`` (for an update that follows)."""
+    start = bases[r >> shift] + np.int64(r & lmask) * stride * 4
+    end = start + stride * 4 - 1
+    a = start
+    while a <= end:
+        _prefetch_w(a)
+        a += 64
+    _prefetch_w(end)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def chunk_of(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+    """Return the float32 ``[chunk_rows, stride]`` view of the chunk holding row ``r``."""
+    return nb.carray(_f32_ptr(bases[r >> shift]), (lmask + 1, stride))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def ichunk_of(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+    """Return the int32 view of the chunk holding row ``r``."""
+    return nb.carray(_i32_ptr(bases[r >> shift]), (lmask + 1, stride))
 
 
 @nb.njit(nogil=True, cache=True)
-def gather(chunks, shift, lmask, rows, D, out):  # pragma: no cover - compiled
+def gather(bases, stride, shift, lmask, rows, D, out):  # pragma: no cover - compiled
     """Copy the weights of ``rows`` into ``out[n, D]``; rows < 0 give zeros."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -89,7 +160,7 @@ def gather(chunks, shift, lmask, rows, D, out):  # pragma: no cover - compiled
             for j in range(D):
                 out[i, j] = 0.0
         else:
-            c = chunks[r >> shift]
+            c = chunk_of(bases, r, shift, lmask, stride)
             l = r & lmask
             for j in range(D):
                 out[i, j] = c[l, j]
@@ -97,44 +168,43 @@ def gather(chunks, shift, lmask, rows, D, out):  # pragma: no cover - compiled
 
 @nb.njit(nogil=True, cache=True)
 def lookup_gather(
-    slot_keys, slot_rows, chunks, shift, lmask, keys, rows, out, D
+    slot_keys, slot_rows, bases, stride, shift, lmask, keys, rows, out, D
 ):  # pragma: no cover
-    """Find each key and copy its weights (zeros when absent); return the absent count."""
+    """Find each key and copy its weights (zeros when absent); return the absent count.
+
+    Two passes (all lookups, then all copies) rather than one: each pass's
+    iterations are independent, so the CPU overlaps many cache misses instead
+    of waiting for the index miss before it can start the row miss.
+    """
     missing = 0
     for i in range(keys.shape[0]):
         r = find(slot_keys, slot_rows, keys[i])
         rows[i] = r
         if r < 0:
             missing += 1
-            for j in range(D):
-                out[i, j] = 0.0
-        else:
-            c = chunks[r >> shift]
-            l = r & lmask
-            for j in range(D):
-                out[i, j] = c[l, j]
+    gather(bases, stride, shift, lmask, rows, D, out)
     return missing
 
 
 @nb.njit(nogil=True, cache=True)
-def gather_records(chunks, shift, lmask, rows, out):  # pragma: no cover - compiled
+def gather_records(bases, stride, shift, lmask, rows, out):  # pragma: no cover - compiled
     """Copy whole records of ``rows`` into ``out[n, stride]``."""
     W = out.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
-        c = chunks[r >> shift]
+        c = chunk_of(bases, r, shift, lmask, stride)
         l = r & lmask
         for j in range(W):
             out[i, j] = c[l, j]
 
 
 @nb.njit(nogil=True, cache=True)
-def scatter_records(chunks, shift, lmask, rows, block):  # pragma: no cover - compiled
+def scatter_records(bases, stride, shift, lmask, rows, block):  # pragma: no cover - compiled
     """Write whole records ``block[n, stride]`` into ``rows``."""
     W = block.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
-        c = chunks[r >> shift]
+        c = chunk_of(bases, r, shift, lmask, stride)
         l = r & lmask
         for j in range(W):
             c[l, j] = block[i, j]
@@ -142,8 +212,8 @@ def scatter_records(chunks, shift, lmask, rows, block):  # pragma: no cover - co
 
 @nb.njit(nogil=True, cache=True)
 def create_rows(
-    chunks,
-    ichunks,
+    bases,
+    stride,
     shift,
     lmask,
     keys,
@@ -160,8 +230,8 @@ def create_rows(
     """Initialise new rows: weights from the initializer, fresh state and statistics."""
     for i in range(rows.shape[0]):
         r = rows[i]
-        c = chunks[r >> shift]
-        ci = ichunks[r >> shift]
+        c = chunk_of(bases, r, shift, lmask, stride)
+        ci = ichunk_of(bases, r, shift, lmask, stride)
         l = r & lmask
         init_weights(c, l, keys[i], table_seed, init_kind, init_param, D)
         init_state(opt_kind, c, ci, l, hp, D, S)
@@ -210,10 +280,10 @@ def validate_push(slot_keys, slot_rows, keys, grads, show, click, rows, bitmap):
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _apply_one(
-    chunks, ichunks, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen
+    bases, stride, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen
 ):  # pragma: no cover
-    c = chunks[r >> shift]
-    ci = ichunks[r >> shift]
+    c = chunk_of(bases, r, shift, lmask, stride)
+    ci = ichunk_of(bases, r, shift, lmask, stride)
     l = r & lmask
     update_row(kind, c, ci, l, grads, i, hp, D)
     c[l, D + S] += show[i]
@@ -224,21 +294,26 @@ def _apply_one(
 
 @nb.njit(nogil=True, cache=True)
 def apply_push(
-    chunks, ichunks, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen
+    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen
 ):  # pragma: no cover
-    """Apply the optimizer and the statistics to ``rows`` (validated by the caller)."""
+    """Apply the optimizer and the statistics to ``rows`` (validated by the caller).
+
+    A first pass only prefetches the rows: an update stores into a row that
+    misses the cache, and such stores fill the store buffer after a few rows,
+    so without the prefetch the misses of consecutive rows hardly overlap.
+    """
     for i in range(rows.shape[0]):
-        _apply_one(
-            chunks, ichunks, shift, lmask, rows[i], grads, show, click, i, kind, hp, D, S, gen
-        )
+        prefetch_row(bases, rows[i], shift, lmask, stride)
+    for i in range(rows.shape[0]):
+        _apply_one(bases, stride, shift, lmask, rows[i], grads, show, click, i, kind, hp, D, S, gen)
 
 
 @nb.njit(nogil=True, cache=True)
 def lookup_apply(
     slot_keys,
     slot_rows,
-    chunks,
-    ichunks,
+    bases,
+    stride,
     shift,
     lmask,
     keys,
@@ -251,26 +326,36 @@ def lookup_apply(
     S,
     gen,
 ):  # pragma: no cover - compiled
-    """Unchecked push: find each key and update it in one pass; return the unknown count."""
+    """Unchecked push: find every key, then update the found rows; return the unknown count.
+
+    Two passes for the same reason as :func:`lookup_gather`.
+    """
+    n = keys.shape[0]
+    rows = np.empty(n, dtype=np.int32)
     unknown = 0
-    for i in range(keys.shape[0]):
+    for i in range(n):
         r = find(slot_keys, slot_rows, keys[i])
+        rows[i] = r
         if r < 0:
             unknown += 1
-            continue
-        _apply_one(chunks, ichunks, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen)
+        else:
+            prefetch_row(bases, r, shift, lmask, stride)
+    for i in range(n):
+        r = rows[i]
+        if r >= 0:
+            _apply_one(bases, stride, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen)
     return unknown
 
 
 @nb.njit(nogil=True, cache=True)
-def decay(slot_rows, chunks, ichunks, shift, lmask, factor, delta_days, base):  # pragma: no cover
+def decay(slot_rows, bases, stride, shift, lmask, factor, delta_days, base):  # pragma: no cover
     """Multiply show/click by ``factor`` and age unseen days of every live row."""
     for s in range(slot_rows.shape[0]):
         r = slot_rows[s]
         if r < 0:
             continue
-        c = chunks[r >> shift]
-        ci = ichunks[r >> shift]
+        c = chunk_of(bases, r, shift, lmask, stride)
+        ci = ichunk_of(bases, r, shift, lmask, stride)
         l = r & lmask
         c[l, base] = np.float32(np.float64(c[l, base]) * factor)
         c[l, base + 1] = np.float32(np.float64(c[l, base + 1]) * factor)
@@ -282,8 +367,8 @@ def decay(slot_rows, chunks, ichunks, shift, lmask, factor, delta_days, base):  
 def select_evict(
     slot_keys,
     slot_rows,
-    chunks,
-    ichunks,
+    bases,
+    stride,
     shift,
     lmask,
     base,
@@ -300,8 +385,8 @@ def select_evict(
         r = slot_rows[s]
         if r < 0:
             continue
-        c = chunks[r >> shift]
-        ci = ichunks[r >> shift]
+        c = chunk_of(bases, r, shift, lmask, stride)
+        ci = ichunk_of(bases, r, shift, lmask, stride)
         l = r & lmask
         low_show = use_show and c[l, base] < show_threshold
         stale = use_days and ci[l, base + 2] > max_days

@@ -205,7 +205,8 @@ class SparseTable:
         missing = rows.lookup_gather(
             self._slot_keys,
             self._slot_rows,
-            st.chunks,
+            st.bases,
+            st.stride,
             st.shift,
             st.lmask,
             keys,
@@ -218,7 +219,7 @@ class SparseTable:
             new_keys = keys[where]
             new_rows = self._insert(new_keys)
             fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
-            rows.gather(st.chunks, st.shift, st.lmask, new_rows, self.dim, fresh)
+            rows.gather(st.bases, st.stride, st.shift, st.lmask, new_rows, self.dim, fresh)
             out[where] = fresh
         return out
 
@@ -256,8 +257,8 @@ class SparseTable:
             raise RuntimeError("internal error: _insert got keys that were already present")
         opt = self.optimizer
         rows.create_rows(
-            st.chunks,
-            st.ichunks,
+            st.bases,
+            st.stride,
             st.shift,
             st.lmask,
             keys,
@@ -330,8 +331,8 @@ class SparseTable:
             )
         opt = self.optimizer
         rows.apply_push(
-            st.chunks,
-            st.ichunks,
+            st.bases,
+            st.stride,
             st.shift,
             st.lmask,
             rws,
@@ -363,8 +364,8 @@ class SparseTable:
         unknown = rows.lookup_apply(
             self._slot_keys,
             self._slot_rows,
-            st.chunks,
-            st.ichunks,
+            st.bases,
+            st.stride,
             st.shift,
             st.lmask,
             keys,
@@ -407,8 +408,8 @@ class SparseTable:
         st = self._store
         rows.decay(
             self._slot_rows,
-            st.chunks,
-            st.ichunks,
+            st.bases,
+            st.stride,
             st.shift,
             st.lmask,
             factor,
@@ -430,8 +431,8 @@ class SparseTable:
         n = rows.select_evict(
             self._slot_keys,
             self._slot_rows,
-            st.chunks,
-            st.ichunks,
+            st.bases,
+            st.stride,
             st.shift,
             st.lmask,
             self.stats_offset,
@@ -485,7 +486,7 @@ class SparseTable:
                 )
         st = self._store
         out = np.empty((k.shape[0], st.stride), dtype=np.float32)  # [n, stride]
-        rows.gather_records(st.chunks, st.shift, st.lmask, rws, out)
+        rows.gather_records(st.bases, st.stride, st.shift, st.lmask, rws, out)
         return k, out
 
     def split_records(self, keys: Keys, rec: npt.NDArray[np.float32]) -> dict[str, np.ndarray]:
@@ -528,7 +529,9 @@ class SparseTable:
         if absent.shape[0]:
             rws[absent] = self._insert(k[absent])
         st = self._store
-        rows.scatter_records(st.chunks, st.shift, st.lmask, rws, np.ascontiguousarray(rec))
+        rows.scatter_records(
+            st.bases, st.stride, st.shift, st.lmask, rws, np.ascontiguousarray(rec)
+        )
 
     # ------------------------------------------------------------------ files
 
