@@ -1,14 +1,22 @@
-"""The ``tnrec`` command: ``demo``, ``train``, ``evaluate``, ``predict``.
+"""The ``tnrec`` command: ``demo``, ``train``, ``evaluate``, ``predict``, ``export``, ``inspect``.
 
 ::
 
     tnrec demo                                  # synthetic data -> DeepFM -> AUC vs optimal
-    tnrec train --config run.toml               # <output_dir>/model, config.json, runlog.jsonl
-    tnrec evaluate --model-dir runs/deepfm      # the config's test data, or --data PATTERN ...
-    tnrec predict --model-dir runs/deepfm --output preds.parquet   # row_id, labels, prediction
+    tnrec train --config run.toml [--eval-next-day]   # the days in order, a checkpoint per day
+    tnrec evaluate --model-dir runs/deepfm/model       # the config's test data, or --data ...
+    tnrec predict --model-dir runs/deepfm/model --output preds.parquet [--merge]
+    tnrec export --model-dir runs/deepfm/model [--dt DT] --out export/ [--min-show X]
+    tnrec export --model-dir runs/deepfm/model --delta --since DT1 --to DT2 --out delta/
+    tnrec inspect runs/deepfm/model[/DT] [--table T --key K] [--json]
+    torchrun --nproc-per-node 2 -m tnrec.cli train --config run.toml
 
-The run configuration (TOML) is described in :mod:`tnrec.models.config`; every
-error names the key and the file.
+The model dir is a checkpoint root (:mod:`tnrec.checkpoint`) plus ``model.json``
+(:mod:`tnrec.models.artifacts`), from which the zoo model is rebuilt. The run
+configuration (TOML) is described in :mod:`tnrec.models.config`; every error
+names the key and the file. ``train``, ``evaluate`` and ``predict`` run on
+every worker a launcher starts (``torchrun``); only rank 0 prints and writes
+shared files.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,23 +36,42 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import torch
 
-from tnrec.errors import TnrecError
+from tnrec import checkpoint
+from tnrec.daily import DayReport, train_days
+from tnrec.data import Reader
+from tnrec.distribute import PsStrategy, current_strategy, launch_env
+from tnrec.errors import ArgumentError, CheckpointError, TableKeyError, TnrecError
 from tnrec.models import ZooModel, build
-from tnrec.models.artifacts import load_model, save_model
+from tnrec.models.artifacts import (
+    MODEL_FILE,
+    load_model,
+    model_doc,
+    read_model_json,
+    write_model_json,
+)
 from tnrec.models.config import (
     ConfigError,
     RunConfig,
+    config_from_dict,
+    day_files,
     load_config,
     make_columns,
     make_optimizer,
+    make_policy,
     make_reader,
 )
-from tnrec.runlog import RunLog
+from tnrec.runlog import RUNLOG_FILE
 
-__all__ = ["demo", "evaluate", "main", "predict", "train"]
+__all__ = ["demo", "evaluate", "export", "inspect", "main", "predict", "train"]
 
-MODEL_SUBDIR = "model"
 CONFIG_FILE = "config.json"
+GLOB_DAY = "train"  # the day label of a config with data.train globs instead of days
+
+
+def _strategy() -> PsStrategy:
+    """The current strategy, created from the launcher's environment on first use."""
+    s = current_strategy()
+    return s if s is not None else PsStrategy()
 
 
 def _model_params(cfg: RunConfig) -> dict[str, Any]:
@@ -59,7 +86,10 @@ def _model_params(cfg: RunConfig) -> dict[str, Any]:
 
 
 def build_model(cfg: RunConfig) -> ZooModel:
-    """Return the configured zoo model, compiled (logit loss, auc + logloss)."""
+    """Return the configured zoo model with its eviction policy, compiled (logit loss, auc).
+
+    Build it after :class:`~tnrec.distribute.PsStrategy` to shard its tables.
+    """
     torch.manual_seed(cfg.seed)
     model = build(
         cfg.model["name"],
@@ -68,56 +98,173 @@ def build_model(cfg: RunConfig) -> ZooModel:
         dense_optimizer=make_optimizer(cfg, "dense"),
         **_model_params(cfg),
     )
+    policy = make_policy(cfg)
+    for layer in model.embedding_layers():
+        layer.policy = policy
     model.compile()
     return model
 
 
-def train(cfg: RunConfig, verbose: int = 1) -> dict[str, Any]:
-    """Train the configured model; save it, the resolved config and the run log in the output dir.
+def _days(cfg: RunConfig) -> list[tuple[str, Callable[[], Reader]]]:
+    """``(dt, make_reader)`` of every training day, in order; every day's files checked first."""
+    shuffle = cfg.data["shuffle"]
+    if cfg.data["train"]:
+        make_reader(cfg, "train")  # checks the patterns now
+        return [(GLOB_DAY, lambda: make_reader(cfg, "train", shuffle=shuffle))]
+    days = list(cfg.data["train_days"])
+    for dt in days:
+        day_files(cfg, "train", [dt])
+
+    def maker(dt: str) -> Callable[[], Reader]:
+        return lambda: make_reader(cfg, "train", days=[dt], shuffle=shuffle)
+
+    return [(dt, maker(dt)) for dt in days]
+
+
+def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
+    """Refuse to train into a model dir that holds another model."""
+    if not os.path.isfile(os.path.join(model_dir, MODEL_FILE)):
+        return
+    old = read_model_json(model_dir)
+    for key in ("model", "params", "sparse_optimizer", "feature_spec"):
+        if old.get(key) != doc[key]:
+            raise ConfigError(
+                f"{model_dir}/{MODEL_FILE}: the model dir holds another model ({key} "
+                f"{old.get(key)!r} != {doc[key]!r}); train into a new checkpoint.dir."
+            )
+
+
+def _append_runlog(out_dir: str, records: Sequence[dict[str, Any]]) -> str:
+    path = os.path.join(out_dir, RUNLOG_FILE)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def _day_record(day: DayReport) -> dict[str, Any]:
+    return {
+        "event": "day",
+        "dt": day.dt,
+        "skipped": day.skipped,
+        "resumed": day.resumed,
+        "rows": day.rows_trained,
+        "keys_created": day.keys_created,
+        "keys_evicted": day.keys_evicted,
+        "table_sizes": day.table_sizes,
+        "next_day_auc": day.next_day_auc,
+    }
+
+
+def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict[str, Any]:
+    """Train the configured days in order into the model dir (checkpoint root); evaluate on test.
+
+    A day already complete in the checkpoint is skipped; an interrupted day
+    resumes from its saved input position (``checkpoint.save_every_n_steps``).
+    Before each day's save the tables decay and evict by ``[eviction]``. Rank 0
+    writes ``model.json``, ``config.json``, prints one line per day and
+    appends them to ``runlog.jsonl``.
+
+    Args:
+        cfg: the run config.
+        verbose: 1 prints the per-day lines (rank 0).
+        eval_next_day: before training a day, report the AUC on it of the model so far.
 
     Returns:
-        The last epoch's logs (with ``val_*`` when the config has test data)
-        and ``samples_per_s``.
+        ``days`` (one record per day), ``rows``, ``samples_per_s``, ``train_s``,
+        and ``val_*`` metrics on the test data when the config has some.
+
+    Raises:
+        ConfigError: ``train.steps_per_epoch`` is set, a day has no files, or the
+            model dir holds another model.
     """
-    out = cfg.output_dir
-    os.makedirs(out, exist_ok=True)
+    if cfg.train["steps_per_epoch"] is not None:
+        raise ConfigError(
+            f'{cfg.source}: "train.steps_per_epoch" is not supported by the daily cycle of '
+            "`tnrec train` (every day is trained in full); remove it."
+        )
+    strategy = _strategy()
+    rank = strategy.rank
+    days = _days(cfg)
     model = build_model(cfg)
-    t = cfg.train
-    train_data = make_reader(cfg, "train", shuffle=cfg.data["shuffle"])
-    test_data = make_reader(cfg, "test") if cfg.has_test else None
-    log = RunLog(out, every=t["log_every"])
+    model_dir = cfg.model_dir
+    doc = model_doc(model, _model_params(cfg), make_policy(cfg), cfg.to_dict())
+    if rank == 0:
+        _check_same_model(model_dir, doc)
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        write_model_json(model_dir, doc)
+        with open(os.path.join(cfg.output_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump(cfg.to_dict(), f, indent=2)
+    strategy.barrier()
     start = time.perf_counter()
-    history = model.fit(
-        log.wrap(train_data),
-        epochs=t["epochs"],
-        steps_per_epoch=t["steps_per_epoch"],
-        validation_data=test_data,
-        callbacks=[log],
+    ck = cfg.checkpoint
+    reports = train_days(
+        model,
+        days,
+        model_dir,
+        epochs=cfg.train["epochs"],
+        save_every_n_steps=ck["save_every_n_steps"],
+        keep=ck["keep"],
+        eval_next_day=eval_next_day,
         verbose=verbose,
-        log_every=t["log_every"],
     )
     secs = time.perf_counter() - start
-    save_model(model, os.path.join(out, MODEL_SUBDIR), _model_params(cfg))
-    with open(os.path.join(out, CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(cfg.to_dict(), f, indent=2)
-    result = {k: v[-1] for k, v in history.history.items()}
-    result["samples_per_s"] = log.data.rows / max(secs, 1e-9) if log.data else 0.0
-    result["train_s"] = secs
-    if verbose:
-        print(f"saved the model to {os.path.join(out, MODEL_SUBDIR)}; run log {log.path}")
+    rows = sum(r.rows_trained for r in reports)
+    records = [_day_record(r) for r in reports]
+    result: dict[str, Any] = {
+        "days": records,
+        "rows": rows,
+        "samples_per_s": rows / max(secs, 1e-9),
+        "train_s": secs,
+    }
+    if cfg.has_test:
+        logs = model.evaluate(make_reader(cfg, "test"), verbose=0)
+        result.update({f"val_{k}": v for k, v in logs.items()})
+    if rank == 0:
+        summary = {"event": "train", **{k: v for k, v in result.items() if k != "days"}}
+        path = _append_runlog(cfg.output_dir, [*records, summary])
+        if verbose:
+            print(f"checkpoints in {model_dir}; run log {path}", flush=True)
     return result
 
 
+def _resolve_model_dir(path: str) -> str:
+    """The checkpoint root of ``path``: itself, or ``path/model`` of an output dir.
+
+    Raises:
+        CheckpointError: no ``model.json`` there.
+    """
+    for cand in (path, os.path.join(path, "model")):
+        if os.path.isfile(os.path.join(cand, MODEL_FILE)):
+            return cand
+    cfg_file = os.path.join(path, CONFIG_FILE)
+    if os.path.isfile(cfg_file):
+        cand = load_config(cfg_file).model_dir
+        if os.path.isfile(os.path.join(cand, MODEL_FILE)):
+            return cand
+    raise CheckpointError(
+        f"{os.path.join(path, MODEL_FILE)} not found: not a model directory written by "
+        "`tnrec train`."
+    )
+
+
 def _load_run(model_dir: str) -> tuple[ZooModel, RunConfig]:
-    cfg = load_config(os.path.join(model_dir, CONFIG_FILE))
-    model, _ = load_model(os.path.join(model_dir, MODEL_SUBDIR))
-    return model, cfg
+    """Rebuild the model of a model dir (sharded under a strategy) and its run config."""
+    _strategy()
+    root = _resolve_model_dir(model_dir)
+    model, doc = load_model(root)
+    where = os.path.join(root, MODEL_FILE)
+    if not doc.get("config"):
+        raise ConfigError(f"{where} holds no run config; it was not written by `tnrec train`.")
+    return model, config_from_dict(doc["config"], where)
 
 
 def evaluate(
     model_dir: str, data: Sequence[str] | None = None, verbose: int = 1
 ) -> dict[str, float]:
-    """Evaluate a trained run on its config's test data (or ``data`` patterns).
+    """Evaluate a trained model on its config's test data (or ``data`` patterns).
+
+    Under torchrun every worker reads its part; the metrics are global.
 
     Returns:
         loss, auc, logloss and the exact AUC (``auc_exact``).
@@ -127,19 +274,48 @@ def evaluate(
     return model.evaluate(reader, verbose=verbose, exact_auc=True)
 
 
+def part_path(output: str, rank: int, world: int, kind: str) -> str:
+    """``<output without extension>.part-<rank>-of-<W>.<kind>``: one worker's predictions."""
+    base = output[: -len(kind) - 1] if output.lower().endswith("." + kind) else output
+    return f"{base}.part-{rank}-of-{world}.{kind}"
+
+
+def _write_table(table: pa.Table, path: str, kind: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    if kind == "csv":
+        pa_csv.write_csv(table, tmp)
+    else:
+        pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def _read_table(path: str, kind: str) -> pa.Table:
+    return pa_csv.read_csv(path) if kind == "csv" else pq.read_table(path)
+
+
 def predict(
-    model_dir: str, output: str, data: Sequence[str] | None = None, fmt: str | None = None
+    model_dir: str,
+    output: str,
+    data: Sequence[str] | None = None,
+    fmt: str | None = None,
+    merge: bool = False,
 ) -> int:
     """Write ``row_id``, labels and ``prediction`` of the test data (or ``data``) to ``output``.
 
+    Under torchrun with W workers each worker writes its rows to
+    ``<output>.part-<rank>-of-<W>.<ext>``; with ``merge`` rank 0 then (after a
+    barrier) writes them all, sorted by ``row_id``, to ``output`` and removes the parts.
+
     Args:
-        model_dir: the output dir of ``tnrec train``.
+        model_dir: the model dir (or the output dir) of ``tnrec train``.
         output: the file to write.
         data: input patterns (default: the config's test data).
         fmt: ``parquet`` or ``csv`` (default: from the extension of ``output``).
+        merge: merge the workers' files into ``output``.
 
     Returns:
-        The number of rows written.
+        The number of rows written by this worker (rank 0 after ``merge``: all rows).
 
     Raises:
         ConfigError: unknown format.
@@ -150,12 +326,79 @@ def predict(
     model, cfg = _load_run(model_dir)
     cols = model.predict(make_reader(cfg, "test", paths=data))
     table = pa.table({k: pa.array(np.asarray(v)) for k, v in cols.items()})
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    if kind == "csv":
-        pa_csv.write_csv(table, output)
-    else:
-        pq.write_table(table, output)
+    strategy = _strategy()
+    rank, world = strategy.rank, strategy.world_size
+    if world == 1:
+        _write_table(table, output, kind)
+        return table.num_rows
+    _write_table(table, part_path(output, rank, world, kind), kind)
+    if not merge:
+        return table.num_rows
+    strategy.barrier()
+    if rank == 0:
+        parts = [part_path(output, r, world, kind) for r in range(world)]
+        merged = pa.concat_tables([_read_table(p, kind) for p in parts])
+        merged = merged.take(pa.array(np.argsort(merged["row_id"].to_numpy(), kind="stable")))
+        _write_table(merged, output, kind)
+        for p in parts:
+            os.remove(p)
+        table = merged
+    strategy.barrier()
     return table.num_rows
+
+
+def export(
+    model_dir: str,
+    out: str,
+    *,
+    dt: str | None = None,
+    min_show: float | None = None,
+    delta: bool = False,
+    since: str | None = None,
+    to: str | None = None,
+) -> str:
+    """Write the inference export of a checkpoint (or a delta between two days) to ``out``.
+
+    Runs in one process, whatever number of workers wrote the checkpoint: the
+    zoo model is rebuilt from ``model.json``, loaded with ``load_weights`` and
+    exported with ``model.export``. With ``delta``, the rows updated and keys
+    deleted between the last checkpoints of days ``since`` and ``to``
+    (:func:`tnrec.export.export_delta`).
+
+    Raises:
+        ArgumentError: run under several workers, or options that do not go together.
+        CheckpointError: no checkpoint (of the day) in ``model_dir``.
+    """
+    from tnrec import export as export_lib
+
+    if launch_env().world_size > 1:
+        raise ArgumentError("tnrec export runs in one process; launch it without torchrun.")
+    root = _resolve_model_dir(model_dir)
+    if not delta:
+        if since is not None or to is not None:
+            raise ArgumentError("--since and --to go with --delta.")
+        path = checkpoint.latest(root, dt)
+        if path is None:
+            raise CheckpointError(_no_checkpoint(root, dt))
+        model, _ = load_model(root, dt)
+        return model.export(out, min_show=min_show, dt=checkpoint.read_manifest(path)["dt"])
+    if dt is not None:
+        raise ArgumentError("--delta takes --since DT1 and --to DT2, not --dt.")
+    if since is None or to is None:
+        raise ArgumentError("--delta needs --since DT1 and --to DT2.")
+    dirs = []
+    for day in (since, to):
+        path = checkpoint.latest(root, day)
+        if path is None:
+            raise CheckpointError(_no_checkpoint(root, day))
+        dirs.append(path)
+    return export_lib.export_delta(dirs[0], dirs[1], out, min_show=min_show)
+
+
+def _no_checkpoint(root: str, dt: str | None) -> str:
+    days = sorted({d for d, _ in checkpoint.generations(root)})
+    what = f"of day {dt!r} " if dt is not None else ""
+    return f"{root} holds no complete checkpoint {what}(days: {days})."
 
 
 DEMO_TOML = """\
@@ -235,6 +478,268 @@ def demo(
     return res
 
 
+# ---------------------------------------------------------------- inspect
+
+QUANTILES = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+
+
+def _locate(path: str) -> tuple[str, str | None]:
+    """``(checkpoint root, checkpoint dir or None)`` of ``MODEL_DIR``, ``MODEL_DIR/DT`` or a
+    generation directory ``MODEL_DIR/DT/GEN``.
+
+    Raises:
+        CheckpointError: none of those.
+    """
+    path = os.path.abspath(path)
+
+    def is_root(p: str) -> bool:
+        return any(os.path.isfile(os.path.join(p, f)) for f in (checkpoint.POINTER, MODEL_FILE))
+
+    if is_root(path):
+        return path, checkpoint.latest(path)
+    parent = os.path.dirname(path)
+    if os.path.isfile(os.path.join(path, checkpoint.MANIFEST)) and is_root(os.path.dirname(parent)):
+        return os.path.dirname(parent), path
+    if is_root(parent):
+        ckpt = checkpoint.latest(parent, os.path.basename(path))
+        if ckpt is None:
+            raise CheckpointError(_no_checkpoint(parent, os.path.basename(path)))
+        return parent, ckpt
+    raise CheckpointError(
+        f"{path} is not a model dir (no {checkpoint.POINTER} or {MODEL_FILE}), a day or a "
+        "checkpoint generation of one."
+    )
+
+
+def _part_dirs(ckpt: str, doc: dict[str, Any]) -> list[str]:
+    return [os.path.join(ckpt, part["dir"]) for part in doc["parts"]]
+
+
+def _load_npy(part: str, name: str) -> np.ndarray:
+    return np.load(os.path.join(part, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
+
+
+def _quantiles(values: list[np.ndarray]) -> dict[str, float] | None:
+    v = np.concatenate(values) if values else np.zeros(0, np.float32)
+    if v.shape[0] == 0:
+        return None
+    q = np.quantile(v.astype(np.float64), [x for _, x in QUANTILES])
+    return {name: float(x) for (name, _), x in zip(QUANTILES, q, strict=True)}
+
+
+def _table_summary(ckpt: str, doc: dict[str, Any]) -> dict[str, Any]:
+    from tnrec.table import files as table_files
+
+    keys = size = 0
+    show: list[np.ndarray] = []
+    click: list[np.ndarray] = []
+    for part in _part_dirs(ckpt, doc):
+        header = table_files.read_header(part)
+        keys += int(header["count"])
+        size += sum(e.stat().st_size for e in os.scandir(part) if e.is_file())
+        show.append(np.asarray(_load_npy(part, "show")))
+        click.append(np.asarray(_load_npy(part, "click")))
+    return {
+        "keys": keys,
+        "bytes": size,
+        "dim": int(doc["dim"]),
+        "optimizer": doc["optimizer"],
+        "policy": doc["policy"],
+        "show": _quantiles(show),
+        "click": _quantiles(click),
+    }
+
+
+def inspect_summary(path: str) -> dict[str, Any]:
+    """Describe a model dir (or one day, or one generation): days, generations, tables.
+
+    Raises:
+        CheckpointError: not a model dir, or an unreadable manifest or table header.
+    """
+    root, ckpt = _locate(path)
+    pointer = checkpoint.latest(root)
+    days: dict[str, list[dict[str, Any]]] = {}
+    for dt, g in checkpoint.generations(root):
+        m = checkpoint.read_manifest(os.path.join(root, dt, str(g)))
+        resume = m.get("resume") or {}
+        days.setdefault(dt, []).append(
+            {
+                "generation": g,
+                "day_complete": bool(resume.get("day_complete")),
+                "global_step": resume.get("global_step"),
+                "world_size": m.get("world_size"),
+            }
+        )
+    out: dict[str, Any] = {
+        "model_dir": root,
+        "published": os.path.relpath(pointer, root) if pointer else None,
+        "model": None,
+        "days": days,
+        "checkpoint": None,
+        "tables": {},
+    }
+    if os.path.isfile(os.path.join(root, MODEL_FILE)):
+        doc = read_model_json(root)
+        out["model"] = {"name": doc["model"], "params": doc["params"]}
+    if ckpt is not None:
+        m = checkpoint.read_manifest(ckpt)
+        out["checkpoint"] = {
+            "dir": os.path.relpath(ckpt, root),
+            "dt": m["dt"],
+            "generation": m["generation"],
+            "world_size": m["world_size"],
+            "resume": m.get("resume") or {},
+        }
+        out["tables"] = {n: _table_summary(ckpt, d) for n, d in sorted(m["tables"].items())}
+    return out
+
+
+def inspect_row(path: str, table: str, key: str) -> dict[str, Any]:
+    """Return every array of one key's row (weights, optimizer state, show, click, ...).
+
+    Raises:
+        ArgumentError: ``key`` is not an int, or no such table.
+        TableKeyError: the key is not in the table.
+    """
+    from tnrec.table import files as table_files
+
+    try:
+        k = int(key, 0)
+    except ValueError:
+        raise ArgumentError(f"--key must be an int (a hashed key). Received: {key!r}.") from None
+    root, ckpt = _locate(path)
+    if ckpt is None:
+        raise CheckpointError(_no_checkpoint(root, None))
+    m = checkpoint.read_manifest(ckpt)
+    if table not in m["tables"]:
+        raise ArgumentError(
+            f'--table: no table "{table}" in {ckpt}; tables: {sorted(m["tables"])}.'
+        )
+    for part in _part_dirs(ckpt, m["tables"][table]):
+        hits = np.flatnonzero(_load_npy(part, "keys") == k)
+        if hits.shape[0] == 0:
+            continue
+        i = int(hits[0])
+        names = [f[: -len(".npy")] for f in table_files.read_header(part)["files"]]
+        last = ("show", "click", "unseen_days", "marker")  # weights, optimizer state, then stats
+        names = sorted(
+            names, key=lambda n: (n != "weights", n in last, last.index(n) if n in last else 0)
+        )
+        row: dict[str, Any] = {"table": table, "key": k, "checkpoint": os.path.relpath(ckpt, root)}
+        for name in names:
+            if name in ("keys", "bucket_offsets") or not name.isidentifier():
+                continue
+            value = np.asarray(_load_npy(part, name)[i])
+            row[name] = value.tolist()
+        return row
+    raise TableKeyError(f'key {k} is not in table "{table}" of {ckpt}.')
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _grid(rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+
+
+def _opt_text(cfg: dict[str, Any]) -> str:
+    args = ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "type")
+    return f"{cfg.get('type')}({args})"
+
+
+def _policy_text(p: dict[str, Any]) -> str:
+    tests = [
+        f"{name} {p[k]}"
+        for name, k in (("show <", "show_threshold"), ("unseen >", "max_unseen_days"))
+        if p.get(k) is not None
+    ]
+    evict = f" evict {(' ' + p['combine'] + ' ').join(tests)}" if tests else " no eviction"
+    return f"decay {p['show_decay_rate']}/day,{evict}"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The plain-text form of :func:`inspect_summary`."""
+    lines = [f"model dir   {s['model_dir']}"]
+    if s["model"]:
+        params = ", ".join(f"{k}={v}" for k, v in s["model"]["params"].items())
+        lines.append(f"model       {s['model']['name']} ({params})")
+    lines.append(f"published   {s['published'] or '(none)'}")
+    if s["days"]:
+        lines += ["", "days"]
+        rows = [["dt", "generations", "complete", "global step", "workers"]]
+        for dt, gens in s["days"].items():
+            last = gens[-1]
+            rows.append(
+                [
+                    dt,
+                    " ".join(str(g["generation"]) for g in gens),
+                    "yes" if last["day_complete"] else "no",
+                    str(last["global_step"]),
+                    str(last["world_size"]),
+                ]
+            )
+        lines += _grid(rows)
+    if s["checkpoint"]:
+        c = s["checkpoint"]
+        lines += [
+            "",
+            f"tables of {c['dir']} (generation {c['generation']}, {c['world_size']} worker(s))",
+        ]
+        rows = [["table", "keys", "bytes", "dim", "optimizer", "policy"]]
+        for name, t in s["tables"].items():
+            rows.append(
+                [
+                    name,
+                    f"{t['keys']:,}",
+                    _fmt_bytes(t["bytes"]),
+                    str(t["dim"]),
+                    _opt_text(t["optimizer"]),
+                    _policy_text(t["policy"]),
+                ]
+            )
+        lines += _grid(rows)
+        for stat in ("show", "click"):
+            lines += ["", f"{stat} quantiles"]
+            rows = [["table", *(q for q, _ in QUANTILES)]]
+            for name, t in s["tables"].items():
+                qs = t[stat]
+                rows.append([name, *(f"{qs[q]:.4g}" if qs else "-" for q, _ in QUANTILES)])
+            lines += _grid(rows)
+    return "\n".join(lines)
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """The plain-text form of :func:`inspect_row`: one array a line."""
+    width = max(len(k) for k in row)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in row.items())
+
+
+def inspect(
+    path: str, table: str | None = None, key: str | None = None, as_json: bool = False
+) -> str:
+    """Return the text ``tnrec inspect`` prints (see :func:`inspect_summary`, :func:`inspect_row`).
+
+    Raises:
+        ArgumentError: only one of ``table`` and ``key``.
+    """
+    if (table is None) != (key is None):
+        raise ArgumentError("--table and --key go together.")
+    if table is not None and key is not None:
+        row = inspect_row(path, table, key)
+        return json.dumps(row, indent=2) if as_json else format_row(row)
+    summary = inspect_summary(path)
+    return json.dumps(summary, indent=2) if as_json else format_summary(summary)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tnrec", description="tnrec: train and run zoo models.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -243,37 +748,86 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--epochs", type=int, default=1)
     d.add_argument("--output-dir", help="keep data and run here (default: a temp dir)")
     d.add_argument("--seed", type=int, default=0)
-    t = sub.add_parser("train", help="train the model of a TOML run config")
+    t = sub.add_parser("train", help="train the days of a TOML run config, a checkpoint a day")
     t.add_argument("--config", required=True, help="the run.toml")
     t.add_argument("--output-dir", help="override output_dir of the config")
+    t.add_argument(
+        "--eval-next-day", action="store_true", help="AUC on each day before training on it"
+    )
     for name in ("evaluate", "predict"):
         e = sub.add_parser(name, help=f"{name} with a model written by `tnrec train`")
-        e.add_argument("--model-dir", required=True, help="the output_dir of `tnrec train`")
+        e.add_argument("--model-dir", required=True, help="the model dir (or output_dir)")
         e.add_argument("--data", nargs="+", help="input files/globs (default: the config's test)")
         if name == "predict":
             e.add_argument("--output", required=True, help="predictions file (.parquet or .csv)")
             e.add_argument("--format", choices=("parquet", "csv"))
+            e.add_argument(
+                "--merge", action="store_true", help="under torchrun: rank 0 merges the parts"
+            )
+    x = sub.add_parser("export", help="inference export (or delta export) of a checkpoint")
+    x.add_argument("--model-dir", required=True)
+    x.add_argument("--out", required=True, help="a new directory")
+    x.add_argument("--dt", help="the last checkpoint of this day (default: the published one)")
+    x.add_argument("--min-show", type=float, help="drop rows whose show is below this")
+    x.add_argument("--delta", action="store_true", help="rows updated/deleted --since --to")
+    x.add_argument("--since", help="delta: the day of the full export it applies to")
+    x.add_argument("--to", help="delta: the day it brings the export to")
+    i = sub.add_parser("inspect", help="days, generations, tables of a model dir; one row")
+    i.add_argument("path", metavar="MODEL_DIR[/DT]")
+    i.add_argument("--table")
+    i.add_argument("--key", help="a hashed key (int)")
+    i.add_argument("--json", action="store_true", help="print JSON")
     return p
+
+
+def _run(args: argparse.Namespace) -> None:
+    if args.command == "demo":
+        demo(args.rows, args.epochs, args.output_dir, args.seed)
+    elif args.command == "train":
+        cfg = load_config(args.config, output_dir=args.output_dir)
+        logs = train(cfg, eval_next_day=args.eval_next_day)
+        if _strategy().rank == 0:
+            print(json.dumps({k: v for k, v in logs.items() if k != "days"}))
+    elif args.command == "evaluate":
+        logs = evaluate(args.model_dir, args.data, verbose=0)
+        if _strategy().rank == 0:
+            print(json.dumps(logs))
+    elif args.command == "predict":
+        n = predict(args.model_dir, args.output, args.data, args.format, args.merge)
+        s = _strategy()
+        if s.rank == 0:
+            where = args.output
+            if s.world_size > 1 and not args.merge:
+                kind = args.format or ("csv" if where.lower().endswith(".csv") else "parquet")
+                where = part_path(where, 0, s.world_size, kind).replace(".part-0-", ".part-*-")
+            print(f"wrote {n} predictions to {where}")
+    elif args.command == "export":
+        out = export(
+            args.model_dir,
+            args.out,
+            dt=args.dt,
+            min_show=args.min_show,
+            delta=args.delta,
+            since=args.since,
+            to=args.to,
+        )
+        print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
+    elif args.command == "inspect":
+        print(inspect(args.path, args.table, args.key, args.json))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tnrec`` command line; return the exit status (2 for a user error)."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            demo(args.rows, args.epochs, args.output_dir, args.seed)
-        elif args.command == "train":
-            cfg = load_config(args.config, output_dir=args.output_dir)
-            logs = train(cfg)
-            print(json.dumps(logs))
-        elif args.command == "evaluate":
-            print(json.dumps(evaluate(args.model_dir, args.data, verbose=0)))
-        elif args.command == "predict":
-            n = predict(args.model_dir, args.output, args.data, args.format)
-            print(f"wrote {n} predictions to {args.output}")
+        _run(args)
     except TnrecError as e:
         print(f"tnrec {args.command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        s = current_strategy()
+        if s is not None and s.is_distributed:
+            s.shutdown()
     return 0
 
 

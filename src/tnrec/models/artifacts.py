@@ -1,64 +1,73 @@
-"""Minimal saved models for the CLI: until checkpoints exist, what ``tnrec train`` writes.
+"""How a zoo model is rebuilt from its model dir: ``model.json`` beside the checkpoints.
 
-This module is the one place that writes and reads them, so the checkpoint
-format (``model.save_weights``) can replace it. Layout::
+A model dir written by ``tnrec train`` is a checkpoint root
+(:mod:`tnrec.checkpoint`: weights, dense optimizer state, tables, resume
+state) plus one small file that says which zoo model to build::
 
     model_dir/
       model.json          # format, version, zoo name, constructor params, optimizer configs,
-                          # table names
-      feature_spec.json   # tnrec.feature_column.to_spec(model.columns)
-      dense.pt            # torch.save(model.state_dict()); read with weights_only=True
-      tables/<name>/      # SparseTable.save(...) of every table (.npy + table.json)
+                          # eviction policy, table names, feature spec, the run config
+      _checkpoint         # tnrec.checkpoint
+      <dt>/<generation>/  # tnrec.checkpoint
 
-No pickle is read back: ``dense.pt`` is loaded with ``torch.load(...,
-weights_only=True)`` and tables are ``.npy`` + JSON. The dense optimizer's
-state is not saved (evaluate and predict do not need it).
+``model.json`` is written atomically (temporary file, fsync, rename) by rank 0
+only. No pickle is read back anywhere: the checkpoint's dense file is read with
+``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any
-
-import torch
 
 from tnrec.errors import CheckpointError, FormatVersionError, MismatchError
 from tnrec.feature_column import from_spec, to_spec
 from tnrec.models import MODELS, ZooModel
 from tnrec.optimizer import SparseOptimizer
-from tnrec.table import optimizer_from_config
+from tnrec.table import EvictionPolicy, optimizer_from_config
 
 FORMAT = "tnrec.zoo_model"
-VERSION = 1
+VERSION = 2
+MODEL_FILE = "model.json"
 
-__all__ = ["FORMAT", "VERSION", "load_model", "save_model"]
+__all__ = [
+    "FORMAT",
+    "MODEL_FILE",
+    "VERSION",
+    "build_model_from_doc",
+    "load_model",
+    "model_doc",
+    "read_model_json",
+    "save_model",
+    "write_model_json",
+]
 
 
-def save_model(model: ZooModel, path: str | os.PathLike[str], params: dict[str, Any]) -> None:
-    """Write ``model`` (tables, dense weights, spec, how to rebuild it) to directory ``path``.
-
-    The directory is written beside ``path`` and renamed into place, replacing
-    an earlier one, so a crash leaves the previous version or none.
+def model_doc(
+    model: ZooModel,
+    params: dict[str, Any],
+    policy: EvictionPolicy | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return the ``model.json`` document of ``model``.
 
     Args:
-        model: a trained zoo model.
-        path: the directory to (re)create.
+        model: a zoo model.
         params: the constructor arguments besides columns and optimizers
-            (``embedding_dim``, ``hidden_units``, ...), JSON-ready.
+            (``embedding_dim``, ``hidden_units``, ``seed``, ...), JSON-ready.
+        policy: the tables' eviction policy (None: the default, which deletes nothing).
+        config: the resolved run config (``RunConfig.to_dict()``), so that
+            ``evaluate``/``predict`` can read data the way training did.
 
     Raises:
-        CheckpointError: a file cannot be written (names it).
+        CheckpointError: ``model`` is not a zoo model.
     """
-    if not model.zoo_name:
-        raise CheckpointError(f"save_model: {type(model).__name__} is not a zoo model.")
-    dest = os.fspath(path)
-    tmp = f"{dest}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if not getattr(model, "zoo_name", ""):
+        raise CheckpointError(f"model.json: {type(model).__name__} is not a zoo model.")
     layer = next(iter(model.embedding_layers()))
     dense_opt = model.default_dense_optimizer
-    doc = {
+    return {
         "format": FORMAT,
         "version": VERSION,
         "model": model.zoo_name,
@@ -67,83 +76,124 @@ def save_model(model: ZooModel, path: str | os.PathLike[str], params: dict[str, 
         "dense_optimizer": dense_opt.to_config()
         if isinstance(dense_opt, SparseOptimizer)
         else None,
-        "tables": sorted(model.tables),
+        "policy": policy.to_config() if policy is not None else None,
+        "tables": sorted({la.table_name for la in model.embedding_layers()}),
+        "feature_spec": to_spec(model.columns),
+        "config": config,
     }
+
+
+def write_model_json(model_dir: str, doc: dict[str, Any]) -> str:
+    """Write ``doc`` to ``model_dir/model.json`` atomically; return the path. Call on rank 0 only.
+
+    Raises:
+        CheckpointError: the file cannot be written (names it).
+    """
+    os.makedirs(model_dir, exist_ok=True)
+    path = os.path.join(model_dir, MODEL_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        os.makedirs(tmp)
-        with open(os.path.join(tmp, "model.json"), "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-        with open(os.path.join(tmp, "feature_spec.json"), "w", encoding="utf-8") as f:
-            json.dump(to_spec(model.columns), f, indent=2)
-        torch.save(model.state_dict(), os.path.join(tmp, "dense.pt"))
-        for name, table in model.tables.items():
-            table.save(os.path.join(tmp, "tables", name))
-        old = f"{dest}.old-{os.getpid()}"
-        if os.path.exists(dest):
-            os.rename(dest, old)
-        os.rename(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"save_model: cannot write {dest}: {e}") from e
+        raise CheckpointError(f"Cannot write {path}: {e}") from e
+    return path
 
 
-def _read_json(path: str) -> Any:
+def read_model_json(model_dir: str) -> dict[str, Any]:
+    """Read and check ``model_dir/model.json``.
+
+    Raises:
+        CheckpointError: missing or unreadable (named); FormatVersionError for
+            another version.
+    """
+    path = os.path.join(model_dir, MODEL_FILE)
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            doc = json.load(f)
     except FileNotFoundError:
         raise CheckpointError(
             f"{path} not found: not a model directory written by `tnrec train`."
         ) from None
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: cannot read: {e}") from e
-
-
-def load_model(path: str | os.PathLike[str]) -> tuple[ZooModel, dict[str, Any]]:
-    """Rebuild a model saved by :func:`save_model`, compiled with its default loss and metrics.
-
-    Returns:
-        The model (in eval mode) and the ``model.json`` document.
-
-    Raises:
-        CheckpointError: a file is missing or unreadable (named);
-            FormatVersionError / MismatchError for the specific faults.
-    """
-    root = os.fspath(path)
-    doc = _read_json(os.path.join(root, "model.json"))
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CheckpointError(f"{root}/model.json: not a {FORMAT} document.")
+        raise CheckpointError(f"{path}: not a {FORMAT} document.")
     if doc.get("version") != VERSION:
         raise FormatVersionError(
-            f"{root}/model.json: version {doc.get('version')!r}; this tnrec reads {VERSION}."
+            f"{path}: version {doc.get('version')!r}; this tnrec reads {VERSION}."
         )
     if doc.get("model") not in MODELS:
-        raise CheckpointError(f"{root}/model.json: unknown model {doc.get('model')!r}.")
-    columns = from_spec(_read_json(os.path.join(root, "feature_spec.json")))
+        raise CheckpointError(f"{path}: unknown model {doc.get('model')!r}.")
+    return doc
+
+
+def build_model_from_doc(doc: dict[str, Any], where: str = MODEL_FILE) -> ZooModel:
+    """Build (and compile) the zoo model a ``model.json`` document describes; no weights.
+
+    Build it after creating a :class:`~tnrec.distribute.PsStrategy` to shard its tables.
+
+    Raises:
+        MismatchError: the document's tables differ from the model's.
+    """
+    columns = from_spec(doc["feature_spec"])
     sparse = optimizer_from_config(doc["sparse_optimizer"])
     dense = optimizer_from_config(doc["dense_optimizer"]) if doc["dense_optimizer"] else None
     model = MODELS[doc["model"]](
         columns, sparse_optimizer=sparse, dense_optimizer=dense, **doc["params"]
     )
+    if doc.get("policy") is not None:
+        policy = EvictionPolicy.from_config(doc["policy"])
+        for layer in model.embedding_layers():
+            layer.policy = policy
+    tables = sorted({la.table_name for la in model.embedding_layers()})
+    if tables != sorted(doc["tables"]):
+        raise MismatchError(f"{where}: saved tables {doc['tables']} != the model's {tables}.")
     model.compile()
-    if sorted(model.tables) != sorted(doc["tables"]):
-        raise MismatchError(
-            f"{root}/model.json: saved tables {doc['tables']} != the model's "
-            f"{sorted(model.tables)}."
-        )
-    for name, table in model.tables.items():
-        table.load_rows(os.path.join(root, "tables", name))
-    dense_path = os.path.join(root, "dense.pt")
-    try:
-        state = torch.load(dense_path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"{dense_path} not found.") from None
-    except Exception as e:  # torch raises several types for a corrupt or unsafe file
-        raise CheckpointError(f"{dense_path}: cannot read the dense weights: {e}") from e
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise MismatchError(f"{dense_path}: does not match the model: {e}") from e
+    return model
+
+
+def save_model(
+    model: ZooModel,
+    path: str | os.PathLike[str],
+    params: dict[str, Any],
+    dt: str = "model",
+    policy: EvictionPolicy | None = None,
+) -> str:
+    """Write ``model.json`` and a checkpoint of day ``dt`` to ``path``; return the checkpoint dir.
+
+    Every worker calls it (the checkpoint has barriers); rank 0 writes ``model.json``.
+    """
+    model_dir = os.fspath(path)
+    if model.ps.rank == 0:
+        write_model_json(model_dir, model_doc(model, params, policy))
+    return model.save_weights(model_dir, dt)
+
+
+def load_model(
+    path: str | os.PathLike[str], dt: str | None = None
+) -> tuple[ZooModel, dict[str, Any]]:
+    """Rebuild the zoo model of a model dir and load its last complete checkpoint (of ``dt``).
+
+    Returns:
+        The model (compiled, in eval mode) and the ``model.json`` document.
+
+    Raises:
+        CheckpointError: ``model.json`` is missing or unreadable, or the dir
+            holds no checkpoint (of ``dt``); the checkpoint's own errors
+            (ChecksumError, MismatchError, ...) as :func:`tnrec.checkpoint.load`.
+    """
+    model_dir = os.fspath(path)
+    doc = read_model_json(model_dir)
+    model = build_model_from_doc(doc, os.path.join(model_dir, MODEL_FILE))
+    from tnrec import checkpoint
+
+    if checkpoint.latest(model_dir, dt) is None:
+        what = f"of day {dt!r} " if dt is not None else ""
+        raise CheckpointError(f"{model_dir} holds no complete checkpoint {what}to load.")
+    model.load_weights(model_dir, dt)
     model.eval()
     return model, doc

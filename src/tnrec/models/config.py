@@ -42,12 +42,25 @@ Every key, with its default::
     learning_rate = 0.001
 
     [train]
-    epochs = 1
+    epochs = 1                     # passes over each day
     batch_size = 4096
-    steps_per_epoch = 100          # optional
-    log_every = 100                # steps between log lines and run-log records
+    steps_per_epoch = 100          # optional; not with the daily cycle of ``tnrec train``
+    log_every = 100                # steps between log lines
 
-An unknown key is an error that names the closest valid key.
+    [checkpoint]                   # the model dir is a checkpoint root (tnrec.checkpoint)
+    dir = "runs/tnrec/model"       # default: <output_dir>/model
+    save_every_n_steps = 1000      # optional: mid-day checkpoints (resume inside a day)
+    keep = 5                       # optional: keep this many newest generations
+
+    [eviction]                     # every table's decay and eviction (tnrec.table.EvictionPolicy)
+    show_decay_rate = 0.98         # show/click factor per day, before each day's save
+    show_threshold = 1.0           # optional: evict rows whose decayed show is below this
+    max_unseen_days = 30           # optional: evict rows not pushed for more days than this
+    combine = "any"                # any | all
+
+``data.train_days`` are trained in order, one checkpoint per day; with
+``data.train`` globs the whole input is one day labelled ``"train"``. An
+unknown key is an error that names the closest valid key.
 """
 
 from __future__ import annotations
@@ -67,8 +80,18 @@ from tnrec.data import Reader, criteo_columns, list_files, read_criteo, read_csv
 from tnrec.errors import ArgumentError, DataError, SpecError
 from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
 from tnrec.optimizer import SGD, AdaGrad, Adam, Ftrl, SparseOptimizer
+from tnrec.table import EvictionPolicy
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "make_columns", "make_optimizer"]
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "config_from_dict",
+    "day_files",
+    "load_config",
+    "make_columns",
+    "make_optimizer",
+    "make_policy",
+]
 
 MODEL_NAMES = ("lr", "widedeep", "deepfm", "dcn")
 FORMATS = ("parquet", "csv", "criteo")
@@ -126,6 +149,17 @@ SCHEMA: dict[str, Any] = {
         "batch_size": Field(("int",), 4096),
         "steps_per_epoch": Field(("int",)),
         "log_every": Field(("int",), 100),
+    },
+    "checkpoint": {
+        "dir": Field(("str",)),
+        "save_every_n_steps": Field(("int",)),
+        "keep": Field(("int",)),
+    },
+    "eviction": {
+        "show_decay_rate": Field(("float",), 0.98),
+        "show_threshold": Field(("float",)),
+        "max_unseen_days": Field(("int",)),
+        "combine": Field(("str",), "any"),
     },
 }
 
@@ -225,11 +259,18 @@ class RunConfig:
     data: dict[str, Any]
     optimizer: dict[str, Any]
     train: dict[str, Any]
+    checkpoint: dict[str, Any]
+    eviction: dict[str, Any]
 
     @property
     def has_test(self) -> bool:
         """Whether the config names test data."""
         return bool(self.data["test"] or self.data["test_days"])
+
+    @property
+    def model_dir(self) -> str:
+        """The checkpoint root: ``checkpoint.dir``, else ``<output_dir>/model``."""
+        return self.checkpoint["dir"] or os.path.join(self.output_dir, "model")
 
     def to_dict(self) -> dict[str, Any]:
         """Return the config as a JSON-ready dict (what ``config.json`` holds)."""
@@ -268,6 +309,8 @@ def _check_values(where: str, c: RunConfig) -> None:
     positive("train.steps_per_epoch", c.train["steps_per_epoch"])
     positive("train.log_every", c.train["log_every"])
     positive("data.prefetch", c.data["prefetch"], 0)
+    positive("checkpoint.save_every_n_steps", c.checkpoint["save_every_n_steps"])
+    positive("checkpoint.keep", c.checkpoint["keep"])
     if not (c.data["train"] or (c.data["dir"] and c.data["train_days"])):
         raise ConfigError(
             f'{where}: no training data: set "data.train" (files/globs) or "data.dir" and '
@@ -281,6 +324,7 @@ def _check_values(where: str, c: RunConfig) -> None:
     for name in ("sparse", "dense"):
         make_optimizer(c, name)  # validates
     make_columns(c)  # validates
+    make_policy(c)  # validates
 
 
 def load_config(path: str | os.PathLike[str], output_dir: str | None = None) -> RunConfig:
@@ -304,6 +348,22 @@ def load_config(path: str | os.PathLike[str], output_dir: str | None = None) -> 
         doc = json.loads(raw) if where.endswith(".json") else tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{where}: not valid TOML/JSON: {e}") from None
+    return config_from_dict(doc, where, output_dir=output_dir)
+
+
+def config_from_dict(doc: dict[str, Any], where: str, output_dir: str | None = None) -> RunConfig:
+    """Validate a config document (parsed TOML, or ``RunConfig.to_dict()`` output).
+
+    Args:
+        doc: the document.
+        where: its file, named by errors; relative paths are relative to its directory.
+        output_dir: replaces ``output_dir`` (relative to the current directory).
+
+    Raises:
+        ConfigError: as :func:`load_config`.
+    """
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: a run config must be a table. Received: {type(doc).__name__}.")
     v = _validate(where, doc, SCHEMA)
     base = os.path.dirname(os.path.abspath(where))
     d = v["data"]
@@ -317,10 +377,41 @@ def load_config(path: str | os.PathLike[str], output_dir: str | None = None) -> 
             d[key] = [d[key]]
     if d["dir"]:
         d["dir"] = _abs(base, d["dir"])
+    if v["checkpoint"]["dir"]:
+        v["checkpoint"]["dir"] = _abs(base, v["checkpoint"]["dir"])
     out = os.path.abspath(output_dir) if output_dir else _abs(base, v["output_dir"])
-    cfg = RunConfig(where, v["seed"], out, v["columns"], v["model"], d, v["optimizer"], v["train"])
+    cfg = RunConfig(
+        where,
+        v["seed"],
+        out,
+        v["columns"],
+        v["model"],
+        d,
+        v["optimizer"],
+        v["train"],
+        v["checkpoint"],
+        v["eviction"],
+    )
     _check_values(where, cfg)
     return cfg
+
+
+def make_policy(cfg: RunConfig) -> EvictionPolicy:
+    """Return the tables' decay and eviction policy of ``[eviction]``.
+
+    Raises:
+        ConfigError: a value out of range (the message names ``eviction``).
+    """
+    e = cfg.eviction
+    try:
+        return EvictionPolicy(
+            show_decay_rate=float(e["show_decay_rate"]),
+            show_threshold=None if e["show_threshold"] is None else float(e["show_threshold"]),
+            max_unseen_days=e["max_unseen_days"],
+            combine=e["combine"],
+        )
+    except ArgumentError as err:
+        raise ConfigError(f"{cfg.source}: eviction: {err}") from None
 
 
 def make_optimizer(cfg: RunConfig, which: str) -> SparseOptimizer:
@@ -401,14 +492,29 @@ def _expand(cfg: RunConfig, which: str, patterns: Sequence[str], key: str) -> li
     return files
 
 
+def day_files(cfg: RunConfig, which: str, days: Sequence[str]) -> list[str]:
+    """Return the files of ``days`` under ``data.dir`` (``data.pattern`` in each day's directory).
+
+    Raises:
+        ConfigError: a day matches no file (the error names the key and the day).
+    """
+    d = cfg.data
+    pattern = d["pattern"] or DEFAULT_PATTERN[d["format"]]
+    try:
+        return list_files(d["dir"], list(days), pattern)
+    except DataError as e:
+        raise ConfigError(f'{cfg.source}: "data.{which}_days": {e}') from None
+
+
 def make_reader(
     cfg: RunConfig,
     which: str,
     *,
     paths: Sequence[str] | None = None,
+    days: Sequence[str] | None = None,
     shuffle: bool = False,
 ) -> Reader:
-    """Return the reader of the ``train`` or ``test`` data (or of ``paths`` instead).
+    """Return the reader of the ``train`` or ``test`` data (or of ``paths``, or of ``days``).
 
     Raises:
         ConfigError: no such data in the config, or a pattern/day matches no file
@@ -417,14 +523,12 @@ def make_reader(
     d = cfg.data
     if paths:
         files = _expand(cfg, which, [os.path.abspath(p) for p in paths], "--data")
+    elif days:
+        files = day_files(cfg, which, days)
     elif d[which]:
         files = _expand(cfg, which, d[which], f"data.{which}")
     elif d["dir"] and d[f"{which}_days"]:
-        pattern = d["pattern"] or DEFAULT_PATTERN[d["format"]]
-        try:
-            files = list_files(d["dir"], d[f"{which}_days"], pattern)
-        except DataError as e:
-            raise ConfigError(f'{cfg.source}: "data.{which}_days": {e}') from None
+        files = day_files(cfg, which, d[f"{which}_days"])
     else:
         raise ConfigError(
             f'{cfg.source}: no {which} data: set "data.{which}" or "data.dir" and '
