@@ -93,12 +93,15 @@ def train_days(
     start = labels.index(done_dt) if done_dt in labels else 0
     reports = []
     ps = model.ps
+    have_model = report is not None  # a model trained up to yesterday exists (next-day AUC)
     for i, (dt, make_reader) in enumerate(days):
         if i < start or (i == start and dt == done_dt and done):
             reports.append(DayReport(dt, skipped=True))
+            if verbose and ps.rank == 0:
+                print(format_day(reports[-1]), flush=True)
             continue
         day = DayReport(dt)
-        if eval_next_day and report is not None:
+        if eval_next_day and have_model:
             day.next_day_auc = model.evaluate(make_reader(), verbose=0).get("auc")
         part = model._worker_part(make_reader())
         position = report.position if report is not None and dt == done_dt and not done else None
@@ -135,6 +138,7 @@ def train_days(
             keep=keep,
         )
         report = None  # later days start fresh: no position to resume
+        have_model = True
         reports.append(day)
         if verbose and ps.rank == 0:
             print(format_day(day), flush=True)
