@@ -137,6 +137,9 @@ class ZooModel(Model):
         self.columns: list[Column] = list(columns)
         self.embedding_dim = embedding_dim
         self.num_dense = len(nums)
+        # Declared for the checkpoint's and the export's feature spec: the numeric
+        # columns are the dense features [B, F] the Predictor must build.
+        self.feature_columns: list[Column] = list(nums)
         if deep:
             # Small initial vectors: FM and cross terms multiply embeddings, and
             # TensorNet's N(0, 1/sqrt(D)) makes their sums over 26 fields explode.
