@@ -165,9 +165,11 @@ def test_load_model_errors_name_the_file(tmp_path, criteo_data):
     with pytest.raises(FormatVersionError, match=r"model.json: version 99"):
         load_model(tmp_path / "m")
     (tmp_path / "m" / "model.json").write_text(json.dumps(doc))
-    (tmp_path / "m" / "dense.pt").write_bytes(b"not a torch file")
-    with pytest.raises(CheckpointError, match=r"dense.pt: cannot read the dense weights"):
+    (tmp_path / "m" / "model" / "1" / "dense.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match=r"model/1/dense.pt is corrupt: its sha256"):
         load_model(tmp_path / "m")
+    with pytest.raises(CheckpointError, match=r"holds no complete checkpoint of day '2024'"):
+        load_model(tmp_path / "m", "2024")
 
 
 def test_run_log_writes_step_and_epoch_records(tmp_path, criteo_data):
