@@ -46,8 +46,12 @@ def new_index(capacity: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _home(key, mask):  # pragma: no cover - compiled
+def home(key, mask):  # pragma: no cover - compiled
+    """Return the home slot of ``key`` in an index of ``mask + 1`` slots."""
     return np.int64(mix64_scalar(np.uint64(key)) & np.uint64(mask))
+
+
+_home = home
 
 
 @nb.njit(nogil=True, cache=True, inline="always")

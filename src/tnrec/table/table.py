@@ -188,32 +188,51 @@ class SparseTable:
             TableKeyError: a key appears more than once.
         """
         k = self._check_keys(keys)
-        dups = index.count_duplicates(k)
-        if dups:
-            raise TableKeyError(
-                f'Table "{self.name}": pull got {dups} duplicate key(s) among {k.shape[0]}; '
-                "keys must be unique (de-duplicate the batch first)."
-            )
-        return self.pull_unchecked(k, create)
+        return self._pull(k, create, checked=True)
 
     def pull_unchecked(self, keys: Keys, create: bool = True) -> npt.NDArray[np.float32]:
         """Like :meth:`pull` for callers whose keys are unique int64 by construction."""
+        return self._pull(keys, create, checked=False)
+
+    def _pull(self, keys: Keys, create: bool, checked: bool) -> npt.NDArray[np.float32]:
         n = keys.shape[0]
         out = np.empty((n, self.dim), dtype=np.float32)  # [n, D]
         rws = np.empty(n, dtype=np.int32)
         st = self._store
-        missing = rows.lookup_gather(
-            self._slot_keys,
-            self._slot_rows,
-            st.bases,
-            st.stride,
-            st.shift,
-            st.lmask,
-            keys,
-            rws,
-            out,
-            self.dim,
-        )
+        if checked:
+            # Duplicates are counted in the same compiled pass as the lookup;
+            # on error nothing has been created.
+            missing, dups = rows.lookup_gather_checked(
+                self._slot_keys,
+                self._slot_rows,
+                st.bases,
+                st.stride,
+                st.shift,
+                st.lmask,
+                keys,
+                rws,
+                out,
+                self.dim,
+                st.bitmap,
+            )
+            if dups:
+                raise TableKeyError(
+                    f'Table "{self.name}": pull got {dups} duplicate key(s) among {n}; '
+                    "keys must be unique (de-duplicate the batch first)."
+                )
+        else:
+            missing = rows.lookup_gather(
+                self._slot_keys,
+                self._slot_rows,
+                st.bases,
+                st.stride,
+                st.shift,
+                st.lmask,
+                keys,
+                rws,
+                out,
+                self.dim,
+            )
         if missing and create:
             where = np.flatnonzero(rws < 0)
             new_keys = keys[where]
