@@ -45,6 +45,9 @@ class Predictor:
         self.dictionaries = {t: load_dictionary(self.path, t) for t in self.manifest["tables"]}
         self.graph = torch.export.load(os.path.join(self.path, GRAPH)).module()
         self.required = [c.key for c in self.columns]
+        self._by_table: dict[str, list[int]] = {}
+        for i, spec in enumerate(self.inputs):
+            self._by_table.setdefault(spec["table"], []).append(i)
 
     def _table(self, rows: Any) -> pa.Table:
         try:
@@ -85,7 +88,8 @@ class Predictor:
                 (the message names the column or row).
         """
         table = self._table(rows)
-        missing = [k for k in self.required if k not in table.column_names]
+        present = set(table.column_names)
+        missing = [k for k in self.required if k not in present]
         if missing:
             raise DataError(
                 f"Predictor.predict: the rows lack feature columns {missing} "
@@ -93,25 +97,46 @@ class Predictor:
             )
         batch = to_batch(table, self.columns)
         B = batch.size
-        args: list[torch.Tensor] = []
-        for spec in self.inputs:
-            jag = batch.sparse[spec["column"]]
-            rows_ = self._lookup(spec["table"], jag.keys)  # [N, D]
-            D = spec["dim"]
-            if spec["sequence"]:
-                keep, pos, lengths = sequence_positions(jag.offsets, spec["max_length"])
-                grid = np.zeros((B * spec["max_length"], D), np.float32)
-                grid[pos] = rows_[keep]
-                args.append(torch.from_numpy(grid.reshape(B, spec["max_length"], D)))
-                args.append(torch.from_numpy(lengths))
-            else:
-                pooled = np.empty((B, D), np.float32)
-                vids = np.arange(jag.keys.shape[0], dtype=np.int64)
-                offsets = jag.offsets - jag.offsets[0]
-                _pool_forward(
-                    rows_, vids, offsets, bag_scales(np.diff(offsets), spec["combiner"]), pooled
+        # One dictionary lookup per table over all its columns, then pool every
+        # pooled column of the table in one kernel call (bag c*B + b).
+        values: dict[int, Any] = {}
+        for tname, idx in self._by_table.items():
+            jags = [batch.sparse[self.inputs[i]["column"]] for i in idx]
+            keys = np.concatenate([j.keys[j.offsets[0] : j.offsets[-1]] for j in jags])
+            rows_ = self._lookup(tname, keys)  # [N, D]
+            starts = np.cumsum([0] + [int(j.offsets[-1] - j.offsets[0]) for j in jags])
+            pooled_idx = [k for k, i in enumerate(idx) if not self.inputs[i]["sequence"]]
+            if pooled_idx:
+                offsets = np.concatenate(
+                    [[0]]
+                    + [jags[k].offsets[1:] - jags[k].offsets[0] + starts[k] for k in pooled_idx]
+                ).astype(np.int64)
+                vids = np.concatenate(
+                    [np.arange(starts[k], starts[k + 1], dtype=np.int64) for k in pooled_idx]
                 )
-                args.append(torch.from_numpy(pooled))
+                scales = np.concatenate(
+                    [
+                        bag_scales(np.diff(jags[k].offsets), self.inputs[idx[k]]["combiner"])
+                        for k in pooled_idx
+                    ]
+                )
+                out = np.empty((len(pooled_idx) * B, rows_.shape[1]), np.float32)  # [C*B, D]
+                _pool_forward(rows_, vids, offsets, scales, out)
+                for n, k in enumerate(pooled_idx):
+                    values[idx[k]] = torch.from_numpy(out[n * B : (n + 1) * B])
+            for k, i in enumerate(idx):
+                spec = self.inputs[i]
+                if not spec["sequence"]:
+                    continue
+                T, D = spec["max_length"], spec["dim"]
+                keep, pos, lengths = sequence_positions(jags[k].offsets, T)
+                grid = np.zeros((B * T, D), np.float32)
+                grid[pos] = rows_[starts[k] : starts[k + 1]][keep]
+                values[i] = (torch.from_numpy(grid.reshape(B, T, D)), torch.from_numpy(lengths))
+        args: list[torch.Tensor] = []
+        for i in range(len(self.inputs)):
+            v = values[i]
+            args.extend(v if isinstance(v, tuple) else (v,))
         args.append(torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32)))
         with torch.no_grad():
             outs = self.graph(*args)
