@@ -662,7 +662,8 @@ def _policy_text(p: dict[str, Any]) -> str:
         for name, k in (("show <", "show_threshold"), ("unseen >", "max_unseen_days"))
         if p.get(k) is not None
     ]
-    evict = f" evict {(' ' + p['combine'] + ' ').join(tests)}" if tests else " no eviction"
+    joint = " and " if p["combine"] == "all" else " or "
+    evict = f" evict {joint.join(tests)}" if tests else " no eviction"
     return f"decay {p['show_decay_rate']}/day,{evict}"
 
 
