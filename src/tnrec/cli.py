@@ -60,7 +60,7 @@ from tnrec.models.config import (
     make_policy,
     make_reader,
 )
-from tnrec.runlog import RUNLOG_FILE
+from tnrec.runlog import RUNLOG_FILE, RunLog
 
 __all__ = ["demo", "evaluate", "export", "inspect", "main", "predict", "train"]
 
@@ -198,6 +198,8 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     strategy.barrier()
     start = time.perf_counter()
     ck = cfg.checkpoint
+    # Per-step and per-epoch records (rows, samples/s, input wait, metrics): rank 0 only.
+    log = RunLog(cfg.output_dir, every=cfg.train["log_every"]) if rank == 0 else None
     reports = train_days(
         model,
         days,
@@ -207,6 +209,8 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
         keep=ck["keep"],
         eval_next_day=eval_next_day,
         verbose=verbose,
+        callbacks=[log] if log is not None else (),
+        wrap=log.wrap if log is not None else None,
     )
     secs = time.perf_counter() - start
     rows = sum(r.rows_trained for r in reports)

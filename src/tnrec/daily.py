@@ -72,10 +72,25 @@ def train_days(
     keep: int | None = None,
     eval_next_day: bool = False,
     verbose: int = 0,
+    callbacks: Sequence[Callback] = (),
+    wrap: Callable[[Any], Any] | None = None,
 ) -> list[DayReport]:
     """Train ``days`` (``(dt, make_reader)`` pairs, in order) with checkpoints in ``model_dir``.
 
     Every worker calls it with the same days; each reader is split per worker.
+
+    Args:
+        model: a compiled model.
+        days: ``(dt, make_reader)`` pairs, oldest first.
+        model_dir: the checkpoint root.
+        epochs: passes over each day.
+        save_every_n_steps: also checkpoint mid-day (resumable).
+        keep: keep only this many newest checkpoint generations.
+        eval_next_day: before training each day after the first, report the AUC
+            of the model so far on it.
+        verbose: 1 prints one line per day (rank 0).
+        callbacks: more callbacks for every day's ``fit`` (a run log, ...).
+        wrap: applied to each day's worker part before ``fit`` (e.g. ``RunLog.wrap``).
 
     Returns:
         One :class:`DayReport` per day.
@@ -117,7 +132,12 @@ def train_days(
                     model_dir, dt, save_every_n_steps, keep=keep, load=False, save_at_end=False
                 )
             )
-        model.fit(part, epochs=epochs, callbacks=cbs, verbose=verbose)
+        model.fit(
+            wrap(part) if wrap is not None else part,
+            epochs=epochs,
+            callbacks=[*cbs, *callbacks],
+            verbose=verbose,
+        )
         created = {n: _sizes(model)[n] - before[n] for n in before}
         delta = days_between(last_decayed, dt) if last_decayed is not None else 1
         evicted = 0

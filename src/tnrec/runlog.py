@@ -53,6 +53,12 @@ class TimedData:
         self.batches = 0
         self.wait_s = 0.0
 
+    def __getattr__(self, name: str) -> Any:
+        # The reader's own methods (position, seek, empty_batch, world_size, ...) pass through.
+        if name == "data":
+            raise AttributeError(name)
+        return getattr(self.data, name)
+
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.data)
         while True:

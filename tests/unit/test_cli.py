@@ -91,6 +91,9 @@ def test_train_writes_checkpoints_model_json_and_run_log(trained):
     assert days[1]["table_sizes"]["emb"] > days[0]["table_sizes"]["emb"] > 0
     final = [r for r in records if r["event"] == "train"][-1]
     assert final["rows"] == 4000 and 0 < final["val_auc"] < 1
+    epochs = [r for r in records if r["event"] == "epoch"]  # per-epoch records of every day
+    assert len(epochs) == 4 and sum(r["rows"] for r in epochs) == 4000
+    assert all(r["samples_per_s"] > 0 and r["input_wait_s"] >= 0 for r in epochs)
     cfg = json.loads((trained / "config.json").read_text())
     assert os.path.isabs(cfg["data"]["dir"]) and cfg["model"]["name"] == "deepfm"
 
