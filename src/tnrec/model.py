@@ -18,6 +18,7 @@ from tnrec.layers import EmbeddingFeatures
 from tnrec.losses import LOSSES, SINGLE, Head, LossFn, mse
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
 from tnrec.ps import LocalPS, unique_inverse
+from tnrec.ps.unique import show_click
 from tnrec.table import SparseOptimizer, SparseTable
 from tnrec.trainer import TrainingLoops
 
@@ -288,11 +289,7 @@ class Model(TrainingLoops, torch.nn.Module):
                 if g is not None
                 else np.zeros((U, ts.E.shape[1]), np.float32)
             )
-            w_occ = w[ts.rows].astype(np.float64)  # [N]
-            shows[table] = np.bincount(ts.inverse, weights=w_occ, minlength=U).astype(np.float32)
-            clicks[table] = np.bincount(
-                ts.inverse, weights=w_occ * label[ts.rows], minlength=U
-            ).astype(np.float32)
+            shows[table], clicks[table] = show_click(ts.inverse, ts.rows, w, label, U)  # [U], [U]
             keys[table] = ts.keys
         self.ps.push(keys, grads, shows, clicks)
         self._release()

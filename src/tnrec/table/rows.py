@@ -24,6 +24,8 @@ Rows freed by eviction go on a free list and are reused first.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -100,8 +102,7 @@ _PREFETCH_AHEAD = 16  # keys/rows: enough misses in flight, few enough to stay i
 # `stride` is the record width in 4-byte slots.
 
 
-@intrinsic
-def _f32_ptr(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+def _f32_ptr_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     sig = types.CPointer(types.float32)(types.int64)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -110,14 +111,19 @@ def _f32_ptr(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cov
     return sig, codegen
 
 
-@intrinsic
-def _i32_ptr(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+_f32_ptr: Any = intrinsic(_f32_ptr_typer)
+
+
+def _i32_ptr_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     sig = types.CPointer(types.int32)(types.int64)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
 
     return sig, codegen
+
+
+_i32_ptr: Any = intrinsic(_i32_ptr_typer)
 
 
 def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]
@@ -132,16 +138,20 @@ def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]
     return codegen
 
 
-@intrinsic
-def _prefetch_w(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+def _prefetch_w_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Hint the CPU to fetch the cache line at ``addr`` for writing (``llvm.prefetch``)."""
     return types.void(types.int64), _prefetch_codegen(1)
 
 
-@intrinsic
-def _prefetch_r(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+_prefetch_w: Any = intrinsic(_prefetch_w_typer)
+
+
+def _prefetch_r_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Hint the CPU to fetch the cache line at ``addr`` for reading."""
     return types.void(types.int64), _prefetch_codegen(0)
+
+
+_prefetch_r: Any = intrinsic(_prefetch_r_typer)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -304,15 +314,10 @@ def count_row_duplicates(rows, bitmap):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def validate_push(slot_keys, slot_rows, keys, grads, show, click, rows, bitmap):  # pragma: no cover
-    """Find the row of each key and count the faults; write nothing to the table.
-
-    Returns:
-        ``(unknown, duplicate, non_finite)`` key counts.
-    """
+def _count_non_finite(grads, show, click):  # pragma: no cover - compiled
     bad = 0
     D = grads.shape[1]
-    for i in range(keys.shape[0]):
+    for i in range(grads.shape[0]):
         finite = np.isfinite(show[i]) and np.isfinite(click[i])
         for j in range(D):
             if not np.isfinite(grads[i, j]):
@@ -320,7 +325,30 @@ def validate_push(slot_keys, slot_rows, keys, grads, show, click, rows, bitmap):
                 break
         if not finite:
             bad += 1
+    return bad
+
+
+@nb.njit(nogil=True, cache=True)
+def validate_push(slot_keys, slot_rows, keys, grads, show, click, rows, bitmap):  # pragma: no cover
+    """Find the row of each key and count the faults; write nothing to the table.
+
+    Returns:
+        ``(unknown, duplicate, non_finite)`` key counts.
+    """
+    bad = _count_non_finite(grads, show, click)
     unknown = lookup_rows(slot_keys, slot_rows, keys, rows)
+    dup = count_row_duplicates(rows, bitmap)
+    return unknown, dup, bad
+
+
+@nb.njit(nogil=True, cache=True)
+def validate_rows(grads, show, click, rows, bitmap):  # pragma: no cover - compiled
+    """:func:`validate_push` for keys whose rows are already known (``-1``: unknown)."""
+    bad = _count_non_finite(grads, show, click)
+    unknown = 0
+    for i in range(rows.shape[0]):
+        if rows[i] < 0:
+            unknown += 1
     dup = count_row_duplicates(rows, bitmap)
     return unknown, dup, bad
 

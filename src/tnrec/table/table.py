@@ -111,6 +111,13 @@ class SparseTable:
         self._store = rows.RowStore(self.dim + self._state_width + 4)
         self._slot_keys, self._slot_rows = index.new_index(index.MIN_CAPACITY)
         self._count = 0
+        # Bumped whenever a key gains or loses its row; a remembered lookup
+        # (below) is valid only while it has not changed.
+        self._key_version = 0
+        # The keys of the last pull, their rows and the key version then: a
+        # push of the same keys (the training step's pull -> push) reuses the
+        # rows instead of looking every key up again. Rows never move.
+        self._last_lookup: tuple[Keys, npt.NDArray[np.int32], int] | None = None
 
     # ------------------------------------------------------------------ info
 
@@ -240,13 +247,28 @@ class SparseTable:
             fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
             rows.gather(st.bases, st.stride, st.shift, st.lmask, new_rows, self.dim, fresh)
             out[where] = fresh
+            rws[where] = new_rows
+        self._last_lookup = (keys.copy(), rws, self._key_version)
         return out
+
+    def _remembered_rows(self, keys: Keys) -> npt.NDArray[np.int32] | None:
+        """Return the rows of ``keys`` if they are exactly the last pull's keys and still valid."""
+        last = self._last_lookup
+        if (
+            last is None
+            or last[2] != self._key_version
+            or last[0].shape != keys.shape
+            or not np.array_equal(last[0], keys)
+        ):
+            return None
+        return last[1]
 
     def _insert(self, keys: Keys) -> npt.NDArray[np.int32]:
         """Insert absent ``keys`` (unique, none present); initialise and return their rows."""
         n = keys.shape[0]
         out_rows = np.empty(n, dtype=np.int32)
         st = self._store
+        self._key_version += 1
         start = 0
         while True:
             limit = index.max_count(self._slot_keys.shape[0])
@@ -332,11 +354,16 @@ class SparseTable:
         g = self._check_float(grads, "grads", (n, self.dim))
         s = self._check_float(show, "show", (n,))
         c = self._check_float(click, "click", (n,))
-        rws = np.empty(n, dtype=np.int32)
         st = self._store
-        unknown, dup, bad = rows.validate_push(
-            self._slot_keys, self._slot_rows, k, g, s, c, rws, st.bitmap
-        )
+        known = self._remembered_rows(k)
+        if known is not None:
+            rws = known
+            unknown, dup, bad = rows.validate_rows(g, s, c, rws, st.bitmap)
+        else:
+            rws = np.empty(n, dtype=np.int32)
+            unknown, dup, bad = rows.validate_push(
+                self._slot_keys, self._slot_rows, k, g, s, c, rws, st.bitmap
+            )
         if unknown or dup:
             raise TableKeyError(
                 f'Table "{self.name}": push got {unknown} unknown and {dup} duplicate key(s) '
@@ -380,23 +407,42 @@ class SparseTable:
         """
         st = self._store
         opt = self.optimizer
-        unknown = rows.lookup_apply(
-            self._slot_keys,
-            self._slot_rows,
-            st.bases,
-            st.stride,
-            st.shift,
-            st.lmask,
-            keys,
-            grads,
-            show,
-            click,
-            opt.kind,
-            opt.hyper_params(),
-            self.dim,
-            self._state_width,
-            np.int32(self.generation),
-        )
+        known = self._remembered_rows(keys)
+        if known is not None:
+            unknown = int(np.count_nonzero(known < 0))
+            rows.apply_push(
+                st.bases,
+                st.stride,
+                st.shift,
+                st.lmask,
+                known,
+                grads,
+                show,
+                click,
+                opt.kind,
+                opt.hyper_params(),
+                self.dim,
+                self._state_width,
+                np.int32(self.generation),
+            )
+        else:
+            unknown = rows.lookup_apply(
+                self._slot_keys,
+                self._slot_rows,
+                st.bases,
+                st.stride,
+                st.shift,
+                st.lmask,
+                keys,
+                grads,
+                show,
+                click,
+                opt.kind,
+                opt.hyper_params(),
+                self.dim,
+                self._state_width,
+                np.int32(self.generation),
+            )
         if unknown:
             raise RuntimeError(
                 f'internal error: table "{self.name}": push_unchecked got {unknown} unknown key(s)'
@@ -469,6 +515,7 @@ class SparseTable:
         k = self._check_keys(keys)
         st = self._store
         st.reserve_free_slots(k.shape[0])
+        self._key_version += 1
         deleted, st.free_top = index.delete(
             self._slot_keys, self._slot_rows, k, st.free_rows, st.free_top
         )
