@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from tnrec import checkpoint
-from tnrec.cli import export, inspect_row, main
+from tnrec.cli import export, main
 from tnrec.data.synthetic import SyntheticConfig, generate
 from tnrec.errors import ArgumentError, CheckpointError, TableKeyError
 from tnrec.export import apply_delta, load_dictionary
+from tnrec.inspection import inspect_row
 from tnrec.models.artifacts import load_model
 from tnrec.models.config import ConfigError, load_config, make_reader
 from tnrec.runlog import read_runlog
