@@ -208,36 +208,48 @@ def test_run_log_without_wrapped_data_and_errors(tmp_path):
 
 @pytest.mark.slow
 def test_deepfm_on_1m_synthetic_rows_vs_lr_and_optimal(request, tmp_path):
-    """Slow (~4 min, ``pytest -m slow``): default generator settings, 1M training rows.
+    """Slow (~3 min, ``pytest -m slow``): default generator settings, 1M training rows.
 
-    The issue asked for DeepFM within 0.01 of the optimal AUC and 0.01 above
-    LR. Measured (docs/models_cli.md): DeepFM 0.7587, LR 0.7531, optimal 0.8348;
-    an oracle that knows the true weight of
-    every id seen in training reaches only optimal - 0.014, so the first target
-    is out of reach at 1M rows. This pins what holds, with margins.
+    The issue asks for DeepFM within 0.01 of the optimal AUC and 0.01 above
+    LR. Neither is met (docs/models_cli.md, bench/synthetic_quality.py):
+    DeepFM 0.7603, LR 0.7611, optimal 0.8348. The first is out of reach at
+    1M rows: a Bayes oracle that knows every term of the logit except the
+    id's own weight, and estimates that by MAP under the true prior, reaches
+    0.7941 (optimal - 0.041). The crosses are worth +0.026 to that oracle,
+    but DeepFM does not learn them in one epoch. This pins the measured
+    levels, with margins, so a regression shows.
     """
     if "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("slow: run with -m slow")
     torch.set_num_threads(1)
     cfg = SyntheticConfig(rows_per_day=333_334)
     gen = generate(tmp_path, cfg)
-    cols = tn.data.criteo_columns()
+    bounds = [-0.5] + [0.25 * i for i in range(1, 61)]  # log1p scale; missing (-1) apart
+    cols = [
+        fc.numeric_column(f"I{j}", -1.0, [fc.log1p(), fc.bucketize(bounds)]) for j in range(1, 14)
+    ]
+    cols += [fc.category_column(f"C{j}", dtype="str") for j in range(1, 27)]
     files = tn.data.list_files(tmp_path, days=list(cfg.days))
     test = tn.data.read_parquet([str(p) for p in gen.test_files], cols, batch_size=8192)
     aucs = {}
-    for name, params, slr, dlr in [
-        ("lr", {}, 0.05, 0.01),
-        ("deepfm", {"embedding_dim": 16, "hidden_units": [256, 128]}, 0.01, 0.002),
+    for name, params, sparse, dlr in [
+        ("lr", {}, tn.optimizer.Ftrl(0.1, beta=3e-4, l1=0.0, l2=0.0), 0.01),
+        (
+            "deepfm",
+            {"embedding_dim": 16, "hidden_units": [256, 128]},
+            tn.optimizer.AdaGrad(0.01),
+            0.002,
+        ),
     ]:
         torch.manual_seed(0)
         model = build(
-            name, cols, sparse_optimizer=tn.optimizer.AdaGrad(slr),
-            dense_optimizer=tn.optimizer.Adam(dlr), **params,
-        )  # fmt: skip
+            name, cols, sparse_optimizer=sparse, dense_optimizer=tn.optimizer.Adam(dlr), **params
+        )
         model.compile()
         train = tn.data.read_parquet(files, cols, batch_size=4096, shuffle=True, seed=0)
         model.fit(train, epochs=1, verbose=0)
         aucs[name] = model.evaluate(test, verbose=0, exact_auc=True)["auc_exact"]
     print(aucs, gen.optimal_auc)
-    assert aucs["deepfm"] > gen.optimal_auc - 0.09
+    assert aucs["lr"] > 0.755  # measured 0.7611
+    assert aucs["deepfm"] > 0.755  # measured 0.7603
     assert aucs["deepfm"] > aucs["lr"] - 0.005

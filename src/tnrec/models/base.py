@@ -7,9 +7,11 @@ probabilities (the sigmoid of the logit).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from tnrec import metrics as metrics_lib
@@ -156,7 +158,35 @@ class ZooModel(Model):
         self.default_dense_optimizer = (
             dense_optimizer if dense_optimizer is not None else Adam(DEFAULT_DENSE_LR)
         )
+        self._bias_pending = True
         return len(cats), len(nums)
+
+    def output_bias(self) -> torch.Tensor | None:
+        """Return the logit's bias parameter ``[1]`` (set by the first training step)."""
+        return self.bias if hasattr(self, "bias") else None
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """As :meth:`tnrec.Model.train_step`; the first step of a new model sets the bias.
+
+        The bias starts at the log-odds of the first global batch's mean label
+        (weighted, over all workers), unless it was already changed (loaded
+        weights). Without it the bias moves only about ``lr`` per step under
+        Adam, and the key weights absorb the base rate instead: frequent keys
+        learn a large negative offset that rare and new keys lack, which costs
+        about 0.04 test AUC on the synthetic data (docs/models_cli.md).
+        """
+        if self._bias_pending and self.training:
+            self._bias_pending = False
+            bias = self.output_bias()
+            if bias is not None and not bool(bias.detach().any()) and batch.labels.shape[1]:
+                y = self._click_label_values(batch)  # [B]
+                w = batch.weights if batch.weights is not None else np.ones_like(y)
+                tot = self.ps.all_reduce_sum(np.array([float((w * y).sum()), float(w.sum())]))
+                if tot[1] > 0:
+                    p = min(max(tot[0] / tot[1], 1e-4), 1.0 - 1e-4)
+                    with torch.no_grad():
+                        bias.fill_(math.log(p / (1.0 - p)))
+        return super().train_step(batch)
 
     def linear_logit(self, pooled: dict[str, Any], dense: torch.Tensor) -> torch.Tensor:
         """Return the wide part: ``sum of the keys' weights + w . dense + b`` ``[B]``."""

@@ -76,6 +76,11 @@ class DCN(ZooModel):
         self.cross = torch.nn.ModuleList(CrossLayer(d) for _ in range(cross_layers))
         self.deep = mlp(d, hidden_units, "DCN")
         self.out = torch.nn.Linear(d + (list(hidden_units) or [d])[-1], 1)
+        torch.nn.init.zeros_(self.out.bias)  # set from the labels by the first training step
+
+    def output_bias(self) -> torch.Tensor:
+        """Return the output layer's bias ``[1]`` (the logit's bias)."""
+        return self.out.bias
 
     def forward_dense(self, pooled: dict[str, Any], dense: torch.Tensor) -> torch.Tensor:
         """Return the logit ``[B]``."""
