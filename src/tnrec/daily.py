@@ -120,9 +120,16 @@ def train_days(
             day.next_day_auc = model.evaluate(make_reader(), verbose=0).get("auc")
         part = model._worker_part(make_reader())
         position = report.position if report is not None and dt == done_dt and not done else None
+        first_epoch = 0
         if position is not None and hasattr(part, "seek"):
             part.seek(position)
             day.resumed = True
+            # A worker may already be in a later epoch (its part ran out first): resume from
+            # the earliest epoch any worker is in; the others join those steps empty-handed.
+            first_epoch = int(
+                ps.all_gather(np.array([getattr(part, "epoch", 0)], np.float64)).min()
+            )
+            part = _FromEpoch(part, first_epoch)
         before = _sizes(model)
         counter = _RowCounter()
         cbs: list[Callback] = [counter]
@@ -134,7 +141,7 @@ def train_days(
             )
         model.fit(
             wrap(part) if wrap is not None else part,
-            epochs=epochs,
+            epochs=max(epochs - first_epoch, 0),
             callbacks=[*cbs, *callbacks],
             verbose=verbose,
         )
@@ -163,6 +170,31 @@ def train_days(
         if verbose and ps.rank == 0:
             print(format_day(day), flush=True)
     return reports
+
+
+class _FromEpoch:
+    """A resumed reader whose ``fit`` epochs start at global epoch ``first``.
+
+    Iterating it for global epoch ``g`` yields the reader's rows of ``g`` (the
+    rest of it, after a seek) or nothing when this worker already finished
+    ``g``. Everything else (position, seek, empty_batch, ...) is the reader's.
+    """
+
+    def __init__(self, part: Any, first: int) -> None:
+        self.part = part
+        self.next_epoch = first
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "part":
+            raise AttributeError(name)
+        return getattr(self.part, name)
+
+    def __iter__(self) -> Any:
+        g = self.next_epoch
+        self.next_epoch += 1
+        if getattr(self.part, "epoch", g) > g:
+            return iter(())
+        return iter(self.part)
 
 
 def _sizes(model: Any) -> dict[str, int]:

@@ -101,11 +101,12 @@ def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray], skip=("marke
 
 
 def train_days(model_dir: str, data_dir: str, days: int, save_every: int | None = None) -> Net:
-    """The daily cycle through the Checkpoint callback: train, decay, evict, save."""
+    """The daily cycle (tnrec.daily): skip complete days, resume, decay, evict, save."""
+    from tnrec.daily import train_days as daily
+
     model = build()
-    for day in range(days):
-        cb = tn.callbacks.Checkpoint(model_dir, dt=f"day{day}", save_every_n_steps=save_every)
-        model.fit(reader(write_day(data_dir, day)), epochs=1, verbose=0, callbacks=[cb])
+    schedule = [(f"day{d}", lambda d=d: reader(write_day(data_dir, d))) for d in range(days)]
+    daily(model, schedule, model_dir, save_every_n_steps=save_every)
     return model
 
 

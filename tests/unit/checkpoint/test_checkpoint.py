@@ -148,3 +148,24 @@ def test_daily_cycle_skips_complete_days_and_keeps_tables_bounded(common, tmp_pa
     common.assert_same(common.snapshot(again), common.snapshot(model), skip=())
     # ids churn 40 a day and unseen keys are evicted after a day: the table stays bounded
     assert reports[2].table_sizes["emb"] < reports[0].table_sizes["emb"] + reports[1].keys_created
+
+
+def test_resume_from_a_position_past_the_epoch_trains_nothing_twice(common, tmp_path):
+    # A worker whose part ran out before a mid-day save records a position in the
+    # next epoch; resuming must not train its part again.
+    path = common.write_day(str(tmp_path), 0)
+    model = common.build()
+    data = common.reader(path)
+    model.fit(data, verbose=0)  # the whole day: the reader now stands at epoch 1
+    model.save_weights(
+        str(tmp_path / "m"),
+        "d0",
+        resume={"dt": "d0", "day_complete": False},
+        position=data.position(),
+    )
+    again = common.build()
+    reports = train_days(again, [("d0", lambda: common.reader(path))], str(tmp_path / "m"))
+    assert reports[0].resumed and reports[0].rows_trained == 0
+    assert checkpoint.read_manifest(checkpoint.latest(str(tmp_path / "m")))["resume"][
+        "day_complete"
+    ]
