@@ -528,7 +528,8 @@ class Model(TrainingLoops, torch.nn.Module):
         loss.backward()
         params = [p for p in self.parameters() if p.requires_grad]
         bad_sparse = sum(
-            int(tm.E.grad is not None and not bool(torch.isfinite(tm.E.grad).all()))
+            # numpy's isfinite on the same memory is ~10x cheaper than torch's here
+            int(tm.E.grad is not None and not np.isfinite(tm.E.grad.numpy()).all())
             for tm in step.values()
         )
         flags = self.ps.all_reduce_grads(params, np.array([bad_sparse], np.float64))

@@ -38,6 +38,11 @@ def warm() -> float:
         ones = np.ones(keys.shape[0], np.float32)
         t.push(keys, np.ones((keys.shape[0], 2), np.float32), ones, ones)
         t.push_unchecked(keys, np.ones((keys.shape[0], 2), np.float32), ones, ones)
+        # a push of other keys than the last pull's takes the lookup kernels
+        t.pull(keys[::-1].copy())
+        t.push(keys, np.ones((keys.shape[0], 2), np.float32), ones, ones)
+        t.pull(keys[::-1].copy())
+        t.push_unchecked(keys, np.ones((keys.shape[0], 2), np.float32), ones, ones)
         t.show_decay(2)
         t.evict()
         t.delete(keys[:1])
