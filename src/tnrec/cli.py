@@ -6,7 +6,7 @@
     tnrec train --config run.toml [--eval-next-day]   # the days in order, a checkpoint per day
     tnrec evaluate --model-dir runs/deepfm/model       # the config's test data, or --data ...
     tnrec predict --model-dir runs/deepfm/model --output preds.parquet [--merge]
-    tnrec export --model-dir runs/deepfm/model [--dt DT] --out export/ [--min-show X]
+    tnrec export --model-dir runs/deepfm/model [--dt DT] --out export/ [--min-show X] [--onnx]
     tnrec export --model-dir runs/deepfm/model --delta --since DT1 --to DT2 --out delta/
     tnrec inspect runs/deepfm/model[/DT] [--table T --key K] [--json]
     torchrun --nproc-per-node 2 -m tnrec.cli train --config run.toml
@@ -361,6 +361,7 @@ def export(
     delta: bool = False,
     since: str | None = None,
     to: str | None = None,
+    onnx: bool = False,
 ) -> str:
     """Write the inference export of a checkpoint (or a delta between two days) to ``out``.
 
@@ -386,7 +387,8 @@ def export(
         if path is None:
             raise CheckpointError(_no_checkpoint(root, dt))
         model, _ = load_model(root, dt)
-        return model.export(out, min_show=min_show, dt=checkpoint.read_manifest(path)["dt"])
+        dt_label = checkpoint.read_manifest(path)["dt"]
+        return model.export(out, min_show=min_show, dt=dt_label, onnx=onnx)
     if dt is not None:
         raise ArgumentError("--delta takes --since DT1 and --to DT2, not --dt.")
     if since is None or to is None:
@@ -506,6 +508,7 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, help="a new directory")
     x.add_argument("--dt", help="the last checkpoint of this day (default: the published one)")
     x.add_argument("--min-show", type=float, help="drop rows whose show is below this")
+    x.add_argument("--onnx", action="store_true", help="also write dense.onnx (needs onnx)")
     x.add_argument("--delta", action="store_true", help="rows updated/deleted --since --to")
     x.add_argument("--since", help="delta: the day of the full export it applies to")
     x.add_argument("--to", help="delta: the day it brings the export to")
@@ -547,6 +550,7 @@ def _run(args: argparse.Namespace) -> None:
             delta=args.delta,
             since=args.since,
             to=args.to,
+            onnx=args.onnx,
         )
         print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
     elif args.command == "inspect":

@@ -46,6 +46,7 @@ DELTA_FORMAT = "tnrec.export.delta"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 GRAPH = "dense.pt2"
+ONNX_GRAPH = "dense.onnx"
 
 
 def _save_npy(path: str, arr: np.ndarray) -> str:
@@ -158,6 +159,51 @@ def export_dense(
         ) from e
 
 
+def export_onnx(
+    model: Model,
+    inputs: list[dict[str, Any]],
+    num_dense: int,
+    heads: list[dict[str, str]],
+    path: str,
+) -> dict[str, Any]:
+    """Write the dense part as ONNX (opset 17, dynamic batch); return its input/output names.
+
+    Raises:
+        ArgumentError: the ``onnx`` package is missing, or the network does not export.
+    """
+    try:
+        import onnx  # noqa: F401  (torch.onnx needs it to write the file)
+    except ImportError:
+        raise ArgumentError(
+            "export(onnx=True) needs the onnx package: pip install 'tnrec[onnx]'."
+        ) from None
+    graph = DenseGraph(model, inputs, [h["name"] for h in heads]).eval()
+    args = example_args(inputs, num_dense)
+    names = []
+    for spec in inputs:
+        names.append(f"{spec['layer']}.{spec['column']}")
+        if spec["sequence"]:
+            names.append(f"{spec['layer']}.{spec['column']}.lengths")
+    names.append("dense")
+    outputs = [h["name"] or "output" for h in heads]
+    try:
+        torch.onnx.export(
+            graph,
+            args,
+            path,
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            output_names=outputs,
+            dynamic_axes={n: {0: "batch"} for n in [*names, *outputs]},
+        )
+    except Exception as e:  # the exporter raises many types; name the model and the cause
+        raise ArgumentError(
+            f"Cannot export {type(model).__name__}.forward_dense to ONNX: {e}"
+        ) from e
+    return {"file": ONNX_GRAPH, "inputs": names, "outputs": outputs}
+
+
 # ---------------------------------------------------------------- full export
 
 
@@ -179,6 +225,7 @@ def export(
     min_show: float | None = None,
     tables: dict[str, dict[str, np.ndarray]] | None = None,
     dt: str | None = None,
+    onnx: bool = False,
 ) -> str:
     """Write the inference export of ``model`` to ``path`` (atomically); return ``path``.
 
@@ -189,6 +236,9 @@ def export(
         tables: the rows to export per table (``keys``, ``weights``, ``show``);
             by default the model's in-memory tables.
         dt: the day label recorded in the manifest.
+        onnx: also write the dense part as ONNX (``dense.onnx``, opset 17, dynamic
+            batch; needs the ``onnx`` package: ``pip install tnrec[onnx]``). All zoo
+            models (LR, WideDeep, DeepFM, DCN) export and match in onnxruntime.
 
     Raises:
         ArgumentError: ``path`` exists, or the model runs on several workers
@@ -236,6 +286,10 @@ def export(
             model.train(was)
         torch.export.save(program, os.path.join(tmp, GRAPH))
         files[GRAPH] = sha256_file(os.path.join(tmp, GRAPH))
+        onnx_doc = None
+        if onnx:
+            onnx_doc = export_onnx(model, inputs, num_dense, heads, os.path.join(tmp, ONNX_GRAPH))
+            files[ONNX_GRAPH] = sha256_file(os.path.join(tmp, ONNX_GRAPH))
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -246,6 +300,7 @@ def export(
             "num_dense": num_dense,
             "heads": heads,
             "tables": table_docs,
+            "onnx": onnx_doc,
             "files": files,
         }
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:

@@ -198,14 +198,17 @@ class Model(TrainingLoops, torch.nn.Module):
         self.global_step = int(report.resume.get("global_step", 0))
         return report
 
-    def export(self, path: str, *, min_show: float | None = None, dt: str | None = None) -> str:
+    def export(
+        self, path: str, *, min_show: float | None = None, dt: str | None = None, onnx: bool = False
+    ) -> str:
         """Write the inference export (dictionaries, dense graph, feature spec) to ``path``.
 
-        See :mod:`tnrec.export`; :class:`tnrec.serving.Predictor` runs it.
+        See :mod:`tnrec.export` (``onnx=True`` adds ``dense.onnx``);
+        :class:`tnrec.serving.Predictor` runs it.
         """
         from tnrec import export
 
-        return export.export(self, path, min_show=min_show, dt=dt)
+        return export.export(self, path, min_show=min_show, dt=dt, onnx=onnx)
 
     # ------------------------------------------------------------------ the step
 

@@ -372,7 +372,8 @@ def test_export_then_predictor_on_raw_rows_equals_tnrec_predict(data_dir, tmp_pa
     model_dir = str(data_dir / f"z-{name}" / "model")
     preds = tmp_path / "p.parquet"
     assert main(["predict", "--model-dir", model_dir, "--output", str(preds)]) == 0
-    assert main(["export", "--model-dir", model_dir, "--out", str(tmp_path / "e")]) == 0
+    assert main(["export", "--model-dir", model_dir, "--out", str(tmp_path / "e"), "--onnx"]) == 0
+    assert (tmp_path / "e" / "dense.onnx").is_file()
     raw = pa.concat_tables(
         pq.read_table(f) for f in sorted(glob.glob(str(data_dir / "data/test/*.parquet")))
     )

@@ -226,3 +226,39 @@ def test_full_plus_delta_equals_full(tmp_path):
         doc = json.loads((tmp_path / f"delta-{min_show}" / "manifest.json").read_text())
         assert doc["since"] == "d1/1" and doc["to"] == "d2/2"
         assert 0 < doc["tables"]["emb"]["updated"] < e2["keys"].shape[0]
+
+
+def _onnx_parity(model, path):
+    import onnxruntime as ort
+
+    from tnrec.export import DenseGraph, example_args
+
+    manifest = json.loads((path / "manifest.json").read_text())
+    doc = manifest["onnx"]
+    sess = ort.InferenceSession(str(path / doc["file"]))
+    args = example_args(manifest["inputs"], manifest["num_dense"], batch=7)
+    got = sess.run(None, {n: a.numpy() for n, a in zip(doc["inputs"], args, strict=True)})
+    graph = DenseGraph(model, manifest["inputs"], [h["name"] for h in manifest["heads"]]).eval()
+    with torch.no_grad():
+        want = [o.numpy() for o in graph(*args)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_onnx_export_matches_for_a_custom_model_and_every_zoo_model(trained, tmp_path):
+    from tnrec.models import build
+
+    trained.export(str(tmp_path / "custom"), onnx=True)
+    _onnx_parity(trained, tmp_path / "custom")
+    for name in ("lr", "widedeep", "deepfm", "dcn"):
+        torch.manual_seed(0)
+        cols = [*tn.data.criteo_columns()[:3], *tn.data.criteo_columns()[13:17]]
+        m = (
+            build(name, cols)
+            if name == "lr"
+            else build(name, cols, embedding_dim=4, hidden_units=(8,))
+        )
+        m.compile()
+        m.eval()
+        m.export(str(tmp_path / name), onnx=True)
+        _onnx_parity(m, tmp_path / name)
