@@ -443,10 +443,12 @@ def load(
     except Exception as e:  # torch raises several types for a bad file
         raise CheckpointError(f"Cannot read {dense_file}: {e}.") from None
     state = _dense_plan(model, dense.get("model", {}), partial, report, dense_file)
+    rng = None
     worker_rel = os.path.join("workers", f"rank-{rank}.json")
     if int(manifest["world_size"]) == world and worker_rel in manifest["files"]:
         worker = _read_json(_check_file(path, worker_rel, manifest["files"][worker_rel]))
         report.position = worker.get("position")
+        rng = worker.get("torch_rng")
     # ---- apply: fresh tables, this worker's buckets of every part, dense state
     model.build_tables()
     for name, reads in parts_to_read.items():
@@ -467,6 +469,9 @@ def load(
                 ) from None
             report.initialized.append("dense optimizer state")
     ps.broadcast_parameters([*model.parameters(), *model.buffers()])
+    if rng is not None:  # dropout and other torch randomness continue as if never stopped
+        state = np.frombuffer(base64.b64decode(rng), dtype=np.uint8).copy()
+        torch.set_rng_state(torch.from_numpy(state))
     report.resume = dict(manifest.get("resume") or {})
     return report
 

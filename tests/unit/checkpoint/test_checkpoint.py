@@ -169,3 +169,15 @@ def test_resume_from_a_position_past_the_epoch_trains_nothing_twice(common, tmp_
     assert checkpoint.read_manifest(checkpoint.latest(str(tmp_path / "m")))["resume"][
         "day_complete"
     ]
+
+
+def test_torch_rng_state_is_restored(common, tmp_path):
+    import torch
+
+    model = common.build()
+    torch.manual_seed(123)
+    model.save_weights(str(tmp_path / "m"), "d0")
+    want = torch.rand(4)
+    torch.manual_seed(999)
+    common.build().load_weights(str(tmp_path / "m"))
+    assert torch.equal(torch.rand(4), want)
