@@ -470,8 +470,8 @@ def load(
             report.initialized.append("dense optimizer state")
     ps.broadcast_parameters([*model.parameters(), *model.buffers()])
     if rng is not None:  # dropout and other torch randomness continue as if never stopped
-        state = np.frombuffer(base64.b64decode(rng), dtype=np.uint8).copy()
-        torch.set_rng_state(torch.from_numpy(state))
+        rng_bytes = np.frombuffer(base64.b64decode(rng), dtype=np.uint8).copy()
+        torch.set_rng_state(torch.from_numpy(rng_bytes))
     report.resume = dict(manifest.get("resume") or {})
     return report
 
