@@ -16,8 +16,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(world: int, args: list[str], timeout_s: float = 240.0) -> subprocess.CompletedProcess:
-    """Run ``mp_scenarios.py args`` on ``world`` workers; a hang fails the test."""
+def torchrun(
+    world: int,
+    args: list[str],
+    timeout_s: float = 240.0,
+    target: list[str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``target args`` (default ``mp_scenarios.py``) on ``world`` workers; a hang fails."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [
         sys.executable,
@@ -31,11 +37,13 @@ def torchrun(world: int, args: list[str], timeout_s: float = 240.0) -> subproces
         "127.0.0.1",
         "--master-port",
         str(free_port()),
-        os.path.join(HERE, "mp_scenarios.py"),
+        *(target or [os.path.join(HERE, "mp_scenarios.py")]),
         *args,
     ]
     try:
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(
+            cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"workers did not finish within {timeout_s} s: {e.stdout} {e.stderr}")
 

@@ -2,12 +2,9 @@
 
 import json
 import os
-import socket
 import subprocess
-import sys
 
 import pyarrow.parquet as pq
-import pytest
 
 from tnrec.cli import main
 from tnrec.data.synthetic import SyntheticConfig, generate
@@ -29,44 +26,16 @@ batch_size = 200
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _torchrun(args: list[str], cwd: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "tnrec.cli",
-        *args,
-    ]
-    try:
-        res = subprocess.run(
-            cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"workers did not finish within {timeout_s} s: {e.stdout} {e.stderr}")
+def _torchrun(launch, args: list[str], cwd: str) -> subprocess.CompletedProcess:
+    res = launch(2, args, timeout_s=300.0, target=["-m", "tnrec.cli"], cwd=cwd)
     assert res.returncode == 0, res.stdout + res.stderr
     return res
 
 
-def test_train_on_two_workers_evaluate_in_one_predict_merged(tmp_path, capsys):
+def test_train_on_two_workers_evaluate_in_one_predict_merged(launch, tmp_path, capsys):
     generate(tmp_path / "data", SyntheticConfig(rows_per_day=600, num_days=2, test_rows=301))
     (tmp_path / "run.toml").write_text(TOML)
-    res = _torchrun(["train", "--config", "run.toml"], str(tmp_path))
+    res = _torchrun(launch, ["train", "--config", "run.toml"], str(tmp_path))
     day_lines = [line for line in res.stdout.splitlines() if line.startswith("day ")]
     assert len(day_lines) == 2  # rank 0 prints, rank 1 does not
     assert day_lines[0].startswith("day 2024-05-10: rows 600 - keys created")
@@ -80,7 +49,9 @@ def test_train_on_two_workers_evaluate_in_one_predict_merged(tmp_path, capsys):
     assert 0 < logs["auc_exact"] < 1
     out = tmp_path / "preds.parquet"
     res = _torchrun(
-        ["predict", "--model-dir", str(model_dir), "--output", str(out), "--merge"], str(tmp_path)
+        launch,
+        ["predict", "--model-dir", str(model_dir), "--output", str(out), "--merge"],
+        str(tmp_path),
     )
     assert f"wrote 301 predictions to {out}" in res.stdout
     assert sorted(os.listdir(tmp_path)) == ["data", "out", "preds.parquet", "run.toml"]
