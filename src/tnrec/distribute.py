@@ -40,7 +40,6 @@ class LaunchEnv:
     rank: int
     world_size: int
     local_rank: int
-    local_world_size: int
     master_addr: str | None
     master_port: str | None
 
@@ -75,24 +74,12 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
         rank=rank,
         world_size=world,
         local_rank=read_int("LOCAL_RANK", 0),
-        local_world_size=read_int("LOCAL_WORLD_SIZE", 1),
         master_addr=env.get("MASTER_ADDR"),
         master_port=env.get("MASTER_PORT"),
     )
 
 
 _current: PsStrategy | None = None
-
-
-def _share_cores(local_workers: int) -> None:
-    """Give each of the ``local_workers`` processes on this machine its share of the cores
-    for the table kernels' threads (numba), so workers do not oversubscribe the CPU."""
-    if local_workers <= 1:
-        return
-    import numba
-
-    share = max(1, (os.cpu_count() or 1) // local_workers)
-    numba.set_num_threads(min(share, int(numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
 
 
 class PsStrategy:
@@ -139,7 +126,6 @@ class PsStrategy:
                         f"group at {self.env.master_addr}:{self.env.master_port}: {e}"
                     ) from e
             self.comm = Comm(self.timeout_s)
-            _share_cores(self.env.local_world_size)
         _current = self
 
     @property

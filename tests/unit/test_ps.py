@@ -69,7 +69,6 @@ def test_launch_env_reads_the_launcher_variables():
         }
     )
     assert (env.rank, env.world_size, env.local_rank, env.master_port) == (2, 4, 0, "29500")
-    assert env.local_world_size == 1 and launch_env({"LOCAL_WORLD_SIZE": "2"}).local_world_size == 2
     assert launch_env({}).world_size == 1
     with pytest.raises(ArgumentError, match="Environment variable WORLD_SIZE must be an int"):
         launch_env({"WORLD_SIZE": "two"})

@@ -25,7 +25,6 @@ Rows freed by eviction go on a free list and are reused first.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 import numba as nb
@@ -168,17 +167,9 @@ def prefetch_slot(slot_keys, slot_rows, key):  # pragma: no cover - compiled
     _prefetch_r(slot_keys.ctypes.data + s * 8)
 
 
-# torch's wheels carry their own OpenMP runtime, and numba's OpenMP threading
-# layer next to it crashes the process (a segfault in the first parallel kernel
-# once torch is imported). numba's own pool ("workqueue") has no such conflict;
-# it must not be entered from two Python threads at once, so only the main
-# thread runs the parallel path (other threads take the sequential one). A
-# user's NUMBA_THREADING_LAYER is respected.
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    nb.config.THREADING_LAYER = "workqueue"  # type: ignore[attr-defined]
-
-# A child forked after this process used the threads stays sequential (a
-# forked child cannot run a parallel region its parent's pool started).
+# numba's threading layer here is GNU OpenMP, which cannot run a parallel region
+# in a child forked after the parent ran one (numba aborts the child). A child
+# forked after this process used the threads therefore stays sequential.
 _threads_used = False
 _threads_usable = True
 
@@ -203,8 +194,6 @@ def blocks_for(n: int) -> int:
     """
     global _threads_used
     if n < PARALLEL_MIN_KEYS or not _threads_usable:
-        return 1
-    if threading.current_thread() is not threading.main_thread():
         return 1
     nblk = int(nb.get_num_threads())
     if nblk > 1:
