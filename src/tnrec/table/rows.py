@@ -24,7 +24,6 @@ Rows freed by eviction go on a free list and are reused first.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numba as nb
@@ -97,10 +96,6 @@ class RowStore:
 
 
 _PREFETCH_AHEAD = 16  # keys/rows: enough misses in flight, few enough to stay in L1/L2
-# Batches of at least this many keys run the row-independent kernels (lookup,
-# gather, validation, optimizer update) on numba's threads; smaller ones stay
-# sequential (starting the threads costs more than a few thousand keys).
-PARALLEL_MIN_KEYS = 16384
 
 # ---------------------------------------------------------------------------
 # Kernels. `bases` holds the chunks' addresses, `shift`/`lmask` locate a row,
@@ -167,87 +162,25 @@ def prefetch_slot(slot_keys, slot_rows, key):  # pragma: no cover - compiled
     _prefetch_r(slot_keys.ctypes.data + s * 8)
 
 
-# numba's threading layer here is GNU OpenMP, which cannot run a parallel region
-# in a child forked after the parent ran one (numba aborts the child). A child
-# forked after this process used the threads therefore stays sequential.
-_threads_used = False
-_threads_usable = True
-
-
-def _after_fork_in_child() -> None:
-    global _threads_usable
-    if _threads_used:
-        _threads_usable = False
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def blocks_for(n: int) -> int:
-    """Return how many thread blocks the row-independent kernels split ``n`` keys into.
-
-    1 (the sequential path) below :data:`PARALLEL_MIN_KEYS` keys; otherwise
-    one block per numba thread of the calling thread
-    (``numba.set_num_threads`` / ``NUMBA_NUM_THREADS``), so with one thread
-    the kernels stay sequential. Read here rather than in the kernels: a
-    kernel calling ``numba.get_num_threads`` cannot be cached.
-    """
-    global _threads_used
-    if n < PARALLEL_MIN_KEYS or not _threads_usable:
-        return 1
-    nblk = int(nb.get_num_threads())
-    if nblk > 1:
-        _threads_used = True
-    return nblk
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def block_lo(n, nblk, b):  # pragma: no cover - compiled
-    """Return the first index of block ``b`` of ``nblk`` over ``n`` items."""
-    return n * b // nblk
-
-
 @nb.njit(nogil=True, cache=True)
-def lookup_span(slot_keys, slot_rows, keys, rows, lo, hi):  # pragma: no cover - compiled
-    """:func:`lookup_rows` over ``keys[lo:hi]``; return the absent count."""
-    for i in range(lo, min(hi, lo + _PREFETCH_AHEAD)):
+def lookup_rows(slot_keys, slot_rows, keys, rows):  # pragma: no cover - compiled
+    """Write the row of each key to ``rows`` (-1 when absent); return the absent count.
+
+    The home slots of the key ``_PREFETCH_AHEAD`` positions ahead are
+    prefetched, so the index misses of consecutive keys overlap.
+    """
+    n = keys.shape[0]
+    for i in range(min(n, _PREFETCH_AHEAD)):
         prefetch_slot(slot_keys, slot_rows, keys[i])
     missing = 0
-    for i in range(lo, hi):
-        if i + _PREFETCH_AHEAD < hi:
+    for i in range(n):
+        if i + _PREFETCH_AHEAD < n:
             prefetch_slot(slot_keys, slot_rows, keys[i + _PREFETCH_AHEAD])
         r = find(slot_keys, slot_rows, keys[i])
         rows[i] = r
         if r < 0:
             missing += 1
     return missing
-
-
-@nb.njit(nogil=True, cache=True, parallel=True)
-def lookup_par(slot_keys, slot_rows, keys, rows, nblk):  # pragma: no cover - compiled
-    """:func:`lookup_span` over ``nblk`` blocks of ``keys`` on numba's threads."""
-    n = keys.shape[0]
-    missing = 0
-    for b in nb.prange(nblk):
-        missing += lookup_span(
-            slot_keys, slot_rows, keys, rows, block_lo(n, nblk, b), block_lo(n, nblk, b + 1)
-        )
-    return missing
-
-
-@nb.njit(nogil=True, cache=True)
-def lookup_rows(slot_keys, slot_rows, keys, rows, nblk):  # pragma: no cover - compiled
-    """Write the row of each key to ``rows`` (-1 when absent); return the absent count.
-
-    The home slots of the key ``_PREFETCH_AHEAD`` positions ahead are
-    prefetched, so the index misses of consecutive keys overlap. Large
-    batches run in ``nblk`` blocks on numba's threads (:func:`blocks_for`;
-    the lookups only read).
-    """
-    n = keys.shape[0]
-    if nblk > 1:
-        return lookup_par(slot_keys, slot_rows, keys, rows, nblk)
-    return lookup_span(slot_keys, slot_rows, keys, rows, 0, n)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -275,9 +208,9 @@ def ichunk_of(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def gather_span(bases, stride, shift, lmask, rows, D, out, lo, hi):  # pragma: no cover - compiled
-    """:func:`gather` of ``rows[lo:hi]``."""
-    for i in range(lo, hi):
+def gather(bases, stride, shift, lmask, rows, D, out):  # pragma: no cover - compiled
+    """Copy the weights of ``rows`` into ``out[n, D]``; rows < 0 give zeros."""
+    for i in range(rows.shape[0]):
         r = rows[i]
         if r < 0:
             for j in range(D):
@@ -289,37 +222,9 @@ def gather_span(bases, stride, shift, lmask, rows, D, out, lo, hi):  # pragma: n
                 out[i, j] = c[l, j]
 
 
-@nb.njit(nogil=True, cache=True, parallel=True)
-def gather_par(bases, stride, shift, lmask, rows, D, out, nblk):  # pragma: no cover - compiled
-    """:func:`gather_span` over ``nblk`` blocks of ``rows`` on numba's threads."""
-    n = rows.shape[0]
-    for b in nb.prange(nblk):
-        gather_span(
-            bases,
-            stride,
-            shift,
-            lmask,
-            rows,
-            D,
-            out,
-            block_lo(n, nblk, b),
-            block_lo(n, nblk, b + 1),
-        )
-
-
-@nb.njit(nogil=True, cache=True)
-def gather(bases, stride, shift, lmask, rows, D, out, nblk):  # pragma: no cover - compiled
-    """Copy the weights of ``rows`` into ``out[n, D]`` (``nblk`` blocks); rows < 0 give zeros."""
-    n = rows.shape[0]
-    if nblk > 1:
-        gather_par(bases, stride, shift, lmask, rows, D, out, nblk)
-    else:
-        gather_span(bases, stride, shift, lmask, rows, D, out, 0, n)
-
-
 @nb.njit(nogil=True, cache=True)
 def lookup_gather(
-    slot_keys, slot_rows, bases, stride, shift, lmask, keys, rows, out, D, nblk
+    slot_keys, slot_rows, bases, stride, shift, lmask, keys, rows, out, D
 ):  # pragma: no cover
     """Find each key and copy its weights (zeros when absent); return the absent count.
 
@@ -327,8 +232,8 @@ def lookup_gather(
     iterations are independent, so the CPU overlaps many cache misses instead
     of waiting for the index miss before it can start the row miss.
     """
-    missing = lookup_rows(slot_keys, slot_rows, keys, rows, nblk)
-    gather(bases, stride, shift, lmask, rows, D, out, nblk)
+    missing = lookup_rows(slot_keys, slot_rows, keys, rows)
+    gather(bases, stride, shift, lmask, rows, D, out)
     return missing
 
 
@@ -409,11 +314,10 @@ def count_row_duplicates(rows, bitmap):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def non_finite_span(grads, show, click, lo, hi):  # pragma: no cover - compiled
-    """Count the keys of ``[lo, hi)`` with a NaN or infinite gradient, show or click."""
+def _count_non_finite(grads, show, click):  # pragma: no cover - compiled
     bad = 0
     D = grads.shape[1]
-    for i in range(lo, hi):
+    for i in range(grads.shape[0]):
         finite = np.isfinite(show[i]) and np.isfinite(click[i])
         for j in range(D):
             if not np.isfinite(grads[i, j]):
@@ -424,46 +328,23 @@ def non_finite_span(grads, show, click, lo, hi):  # pragma: no cover - compiled
     return bad
 
 
-@nb.njit(nogil=True, cache=True, parallel=True)
-def non_finite_par(grads, show, click, nblk):  # pragma: no cover - compiled
-    """:func:`non_finite_span` over ``nblk`` blocks on numba's threads."""
-    n = grads.shape[0]
-    bad = 0
-    for b in nb.prange(nblk):
-        bad += non_finite_span(grads, show, click, block_lo(n, nblk, b), block_lo(n, nblk, b + 1))
-    return bad
-
-
 @nb.njit(nogil=True, cache=True)
-def _count_non_finite(grads, show, click, nblk):  # pragma: no cover - compiled
-    n = grads.shape[0]
-    if nblk > 1:
-        return non_finite_par(grads, show, click, nblk)
-    return non_finite_span(grads, show, click, 0, n)
-
-
-@nb.njit(nogil=True, cache=True)
-def validate_push(
-    slot_keys, slot_rows, keys, grads, show, click, rows, bitmap, nblk
-):  # pragma: no cover
+def validate_push(slot_keys, slot_rows, keys, grads, show, click, rows, bitmap):  # pragma: no cover
     """Find the row of each key and count the faults; write nothing to the table.
-
-    The finiteness test and the lookups run in ``nblk`` blocks (their counts
-    are summed); the duplicate test (one shared bitmap) stays sequential.
 
     Returns:
         ``(unknown, duplicate, non_finite)`` key counts.
     """
-    bad = _count_non_finite(grads, show, click, nblk)
-    unknown = lookup_rows(slot_keys, slot_rows, keys, rows, nblk)
+    bad = _count_non_finite(grads, show, click)
+    unknown = lookup_rows(slot_keys, slot_rows, keys, rows)
     dup = count_row_duplicates(rows, bitmap)
     return unknown, dup, bad
 
 
 @nb.njit(nogil=True, cache=True)
-def validate_rows(grads, show, click, rows, bitmap, nblk):  # pragma: no cover - compiled
+def validate_rows(grads, show, click, rows, bitmap):  # pragma: no cover - compiled
     """:func:`validate_push` for keys whose rows are already known (``-1``: unknown)."""
-    bad = _count_non_finite(grads, show, click, nblk)
+    bad = _count_non_finite(grads, show, click)
     unknown = 0
     for i in range(rows.shape[0]):
         if rows[i] < 0:
@@ -474,7 +355,7 @@ def validate_rows(grads, show, click, rows, bitmap, nblk):  # pragma: no cover -
 
 @nb.njit(nogil=True, cache=True)
 def lookup_gather_checked(
-    slot_keys, slot_rows, bases, stride, shift, lmask, keys, rows, out, D, bitmap, nblk
+    slot_keys, slot_rows, bases, stride, shift, lmask, keys, rows, out, D, bitmap
 ):  # pragma: no cover
     """:func:`lookup_gather` that also counts duplicate keys; return ``(absent, duplicates)``.
 
@@ -482,7 +363,7 @@ def lookup_gather_checked(
     are counted among the absent keys only (a batch-local hash set), so a
     pull of existing keys pays no hash set of its own.
     """
-    missing = lookup_rows(slot_keys, slot_rows, keys, rows, nblk)
+    missing = lookup_rows(slot_keys, slot_rows, keys, rows)
     dup = count_row_duplicates(rows, bitmap)
     if missing:
         absent = np.empty(missing, dtype=np.int64)
@@ -493,7 +374,7 @@ def lookup_gather_checked(
                 m += 1
         dup += count_duplicates(absent)
     if dup == 0:
-        gather(bases, stride, shift, lmask, rows, D, out, nblk)
+        gather(bases, stride, shift, lmask, rows, D, out)
     return missing, dup
 
 
@@ -513,13 +394,14 @@ def _apply_one(
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _apply_rows(
-    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen, lo, hi
+    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen
 ):  # pragma: no cover
-    for i in range(lo, min(hi, lo + _PREFETCH_AHEAD)):
+    n = rows.shape[0]
+    for i in range(min(n, _PREFETCH_AHEAD)):
         if rows[i] >= 0:
             prefetch_row(bases, rows[i], shift, lmask, stride)
-    for i in range(lo, hi):
-        if i + _PREFETCH_AHEAD < hi and rows[i + _PREFETCH_AHEAD] >= 0:
+    for i in range(n):
+        if i + _PREFETCH_AHEAD < n and rows[i + _PREFETCH_AHEAD] >= 0:
             prefetch_row(bases, rows[i + _PREFETCH_AHEAD], shift, lmask, stride)
         r = rows[i]
         if r >= 0:
@@ -527,76 +409,8 @@ def _apply_rows(
 
 
 @nb.njit(nogil=True, cache=True)
-def apply_span(
-    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen, lo, hi
-):  # pragma: no cover
-    """:func:`apply_push` over ``rows[lo:hi]``.
-
-    The loop is instantiated once per optimizer with ``kind`` a compile-time
-    constant: with a run-time ``kind`` every row paid for all four rules'
-    code (about twice the time of the rule itself).
-    """
-    if kind == KIND_ADAGRAD:
-        _apply_rows(
-            bases,
-            stride,
-            shift,
-            lmask,
-            rows,
-            grads,
-            show,
-            click,
-            KIND_ADAGRAD,
-            hp,
-            D,
-            S,
-            gen,
-            lo,
-            hi,
-        )
-    elif kind == KIND_SGD:
-        _apply_rows(
-            bases, stride, shift, lmask, rows, grads, show, click, KIND_SGD, hp, D, S, gen, lo, hi
-        )
-    elif kind == KIND_ADAM:
-        _apply_rows(
-            bases, stride, shift, lmask, rows, grads, show, click, KIND_ADAM, hp, D, S, gen, lo, hi
-        )
-    else:
-        _apply_rows(
-            bases, stride, shift, lmask, rows, grads, show, click, KIND_FTRL, hp, D, S, gen, lo, hi
-        )
-
-
-@nb.njit(nogil=True, cache=True, parallel=True)
-def apply_par(
-    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen, nblk
-):  # pragma: no cover
-    """:func:`apply_span` over ``nblk`` blocks of ``rows`` on numba's threads."""
-    n = rows.shape[0]
-    for b in nb.prange(nblk):
-        apply_span(
-            bases,
-            stride,
-            shift,
-            lmask,
-            rows,
-            grads,
-            show,
-            click,
-            kind,
-            hp,
-            D,
-            S,
-            gen,
-            block_lo(n, nblk, b),
-            block_lo(n, nblk, b + 1),
-        )
-
-
-@nb.njit(nogil=True, cache=True)
 def apply_push(
-    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen, nblk
+    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen
 ):  # pragma: no cover
     """Apply the optimizer and the statistics to ``rows`` (validated by the caller).
 
@@ -604,16 +418,20 @@ def apply_push(
     ``_PREFETCH_AHEAD`` positions ahead is prefetched: an update stores into
     a row that misses the cache, such stores fill the store buffer after a few
     rows, and without the prefetch the misses of consecutive rows hardly overlap.
-    The rows of one push are distinct (validated, or unique by the caller's
-    contract), so a large push runs in ``nblk`` blocks on numba's threads
-    (:func:`blocks_for`); each row's arithmetic is the same whichever thread
-    runs it, so the result does not depend on the thread count.
+    The loop is instantiated once per optimizer with ``kind`` a compile-time
+    constant: with a run-time ``kind`` every row paid for all four rules'
+    code (about twice the time of the rule itself).
     """
-    n = rows.shape[0]
-    if nblk > 1:
-        apply_par(bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen, nblk)
+    if kind == KIND_ADAGRAD:
+        _apply_rows(
+            bases, stride, shift, lmask, rows, grads, show, click, KIND_ADAGRAD, hp, D, S, gen
+        )
+    elif kind == KIND_SGD:
+        _apply_rows(bases, stride, shift, lmask, rows, grads, show, click, KIND_SGD, hp, D, S, gen)
+    elif kind == KIND_ADAM:
+        _apply_rows(bases, stride, shift, lmask, rows, grads, show, click, KIND_ADAM, hp, D, S, gen)
     else:
-        apply_span(bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen, 0, n)
+        _apply_rows(bases, stride, shift, lmask, rows, grads, show, click, KIND_FTRL, hp, D, S, gen)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -633,7 +451,6 @@ def lookup_apply(
     D,
     S,
     gen,
-    nblk,
 ):  # pragma: no cover - compiled
     """Unchecked push: find every key, then update the found rows; return the unknown count.
 
@@ -641,8 +458,8 @@ def lookup_apply(
     """
     n = keys.shape[0]
     rows = np.empty(n, dtype=np.int32)
-    unknown = lookup_rows(slot_keys, slot_rows, keys, rows, nblk)
-    apply_push(bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen, nblk)
+    unknown = lookup_rows(slot_keys, slot_rows, keys, rows)
+    apply_push(bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen)
     return unknown
 
 

@@ -221,7 +221,6 @@ class SparseTable:
                 out,
                 self.dim,
                 st.bitmap,
-                rows.blocks_for(n),
             )
             if dups:
                 raise TableKeyError(
@@ -240,23 +239,13 @@ class SparseTable:
                 rws,
                 out,
                 self.dim,
-                rows.blocks_for(n),
             )
         if missing and create:
             where = np.flatnonzero(rws < 0)
             new_keys = keys[where]
             new_rows = self._insert(new_keys)
             fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
-            rows.gather(
-                st.bases,
-                st.stride,
-                st.shift,
-                st.lmask,
-                new_rows,
-                self.dim,
-                fresh,
-                rows.blocks_for(new_rows.shape[0]),
-            )
+            rows.gather(st.bases, st.stride, st.shift, st.lmask, new_rows, self.dim, fresh)
             out[where] = fresh
             rws[where] = new_rows
         self._last_lookup = (keys.copy(), rws, self._key_version)
@@ -366,15 +355,14 @@ class SparseTable:
         s = self._check_float(show, "show", (n,))
         c = self._check_float(click, "click", (n,))
         st = self._store
-        nblk = rows.blocks_for(n)
         known = self._remembered_rows(k)
         if known is not None:
             rws = known
-            unknown, dup, bad = rows.validate_rows(g, s, c, rws, st.bitmap, nblk)
+            unknown, dup, bad = rows.validate_rows(g, s, c, rws, st.bitmap)
         else:
             rws = np.empty(n, dtype=np.int32)
             unknown, dup, bad = rows.validate_push(
-                self._slot_keys, self._slot_rows, k, g, s, c, rws, st.bitmap, nblk
+                self._slot_keys, self._slot_rows, k, g, s, c, rws, st.bitmap
             )
         if unknown or dup:
             raise TableKeyError(
@@ -402,19 +390,7 @@ class SparseTable:
             self.dim,
             self._state_width,
             np.int32(self.generation),
-            self._update_blocks(n),
         )
-
-    def _update_blocks(self, n: int) -> int:
-        """Return the thread blocks of an optimizer update of ``n`` rows (:func:`rows.blocks_for`).
-
-        An update with ``epsilon == 0`` can divide by zero; the compiled rule
-        then raises ``ZeroDivisionError``, which numba's threads cannot carry
-        back, so such configs update on the calling thread.
-        """
-        if getattr(self.optimizer, "epsilon", 1.0) == 0:
-            return 1
-        return rows.blocks_for(n)
 
     def push_unchecked(
         self,
@@ -431,7 +407,6 @@ class SparseTable:
         """
         st = self._store
         opt = self.optimizer
-        nblk = self._update_blocks(keys.shape[0])
         known = self._remembered_rows(keys)
         if known is not None:
             unknown = int(np.count_nonzero(known < 0))
@@ -449,7 +424,6 @@ class SparseTable:
                 self.dim,
                 self._state_width,
                 np.int32(self.generation),
-                nblk,
             )
         else:
             unknown = rows.lookup_apply(
@@ -468,7 +442,6 @@ class SparseTable:
                 self.dim,
                 self._state_width,
                 np.int32(self.generation),
-                nblk,
             )
         if unknown:
             raise RuntimeError(
