@@ -42,6 +42,7 @@ This module uses NumPy only; callers convert tensors first.
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import numpy as np
@@ -147,7 +148,7 @@ def _auc_from_histograms(neg: Float64Array, pos: Float64Array) -> float:
     return wins / (total_pos * total_neg)
 
 
-class Metric:
+class Metric(abc.ABC):
     """A streaming metric over sufficient statistics in a fixed-size float64 state.
 
     Subclasses set ``name``, ``probabilities`` and ``state_size`` and implement
@@ -230,13 +231,15 @@ class Metric:
         """Return the metric over all data seen, nan when undefined."""
         return self._result(self._state)
 
+    @abc.abstractmethod
     def _batch_state(
         self, y: Float64Array, p: Float64Array, w: Float64Array | None
     ) -> Float64Array:
-        raise NotImplementedError
+        """Return the state of one batch (summed into the metric's state)."""
 
+    @abc.abstractmethod
     def _result(self, state: Float64Array) -> float:
-        raise NotImplementedError
+        """Return the metric of a state."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -245,8 +248,9 @@ class Metric:
 class _Ratio(Metric):
     """A metric ``Σw·f(y, p) / Σw·g(y, p)``: state ``[numerator, denominator]``."""
 
+    @abc.abstractmethod
     def _numerator(self, y: Float64Array, p: Float64Array) -> Float64Array:
-        raise NotImplementedError
+        """Return each row's numerator term ``f(y, p)``."""
 
     def _denominator(self, y: Float64Array, p: Float64Array) -> Float64Array:
         return np.ones_like(y)
