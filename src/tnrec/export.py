@@ -211,11 +211,7 @@ def _head_specs(model: Model) -> list[dict[str, str]]:
     heads = getattr(model, "_heads", []) or []
     if not heads:
         return [{"name": "", "prediction": "identity"}]
-    out = []
-    for h in heads:
-        logits = h.to_prediction is torch.sigmoid
-        out.append({"name": h.name, "prediction": "sigmoid" if logits else "identity"})
-    return out
+    return [{"name": h.name, "prediction": h.prediction} for h in heads]
 
 
 def export(

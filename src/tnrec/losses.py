@@ -26,11 +26,18 @@ def mse(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (pred - y) ** 2
 
 
-# name -> (per-sample loss, output -> prediction used by metrics and predict)
-LOSSES: dict[str, tuple[LossFn, Callable[[torch.Tensor], torch.Tensor]]] = {
-    "binary_crossentropy": (_bce, lambda x: x),
-    "binary_crossentropy_from_logits": (_bce_logits, torch.sigmoid),
-    "mse": (mse, lambda x: x),
+# How a head's output becomes the prediction that metrics, predict and the
+# exported Predictor see; recorded by name in exports.
+PREDICTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": lambda x: x,
+    "sigmoid": torch.sigmoid,
+}
+
+# name -> (per-sample loss, name of the output -> prediction map)
+LOSSES: dict[str, tuple[LossFn, str]] = {
+    "binary_crossentropy": (_bce, "identity"),
+    "binary_crossentropy_from_logits": (_bce_logits, "sigmoid"),
+    "mse": (mse, "identity"),
 }
 
 
@@ -41,6 +48,10 @@ class Head:
     name: str
     label: str | None  # resolved against the first batch when None
     loss: LossFn
-    to_prediction: Callable[[torch.Tensor], torch.Tensor]
+    prediction: str  # a key of PREDICTIONS
     weight: float
     metrics: list[metrics_lib.Metric]
+
+    def to_prediction(self, output: torch.Tensor) -> torch.Tensor:
+        """Map the head's output to its prediction (a probability for BCE on logits)."""
+        return PREDICTIONS[self.prediction](output)

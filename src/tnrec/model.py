@@ -394,9 +394,9 @@ class Model(TrainingLoops, torch.nn.Module):
                     raise ArgumentError(
                         f"`loss` must be one of {sorted(LOSSES)} or a callable. Received: {spec!r}."
                     )
-                fn, to_pred = LOSSES[spec]
+                fn, prediction = LOSSES[spec]
             elif callable(spec):
-                fn, to_pred = spec, (lambda x: x)
+                fn, prediction = spec, "identity"
             else:
                 raise ArgumentError(
                     f"`loss` for head {head!r} must be a name or callable. Received: {spec!r}."
@@ -406,7 +406,7 @@ class Model(TrainingLoops, torch.nn.Module):
                     name=head,
                     label=labels.get(head) if head != SINGLE else labels.get(SINGLE),
                     loss=fn,
-                    to_prediction=to_pred,
+                    prediction=prediction,
                     weight=float((loss_weights or {}).get(head, 1.0)),
                     # a Metric instance is copied: two heads never share state
                     metrics=[
@@ -573,7 +573,7 @@ class Model(TrainingLoops, torch.nn.Module):
             self.pull(batch)
             outputs = self(batch)
         self._release()
-        heads = self._heads or [Head(SINGLE, None, mse, lambda x: x, 1.0, [])]
+        heads = self._heads or [Head(SINGLE, None, mse, "identity", 1.0, [])]
         by_head = self._outputs_by_head(outputs) if self._heads else {SINGLE: outputs}
         return {
             h.name: h.to_prediction(

@@ -21,12 +21,13 @@ from tnrec.errors import DataError
 from tnrec.export import GRAPH, load_dictionary, read_manifest
 from tnrec.feature_column import from_spec
 from tnrec.layers.pooling import _pool_forward, bag_scales, sequence_positions
+from tnrec.losses import PREDICTIONS
 
 
 class Predictor:
     """Load an export (memory-mapped dictionaries + the TorchScript dense graph) and predict.
 
-    Needs neither the training tables nor torch.distributed. Raw values are
+    Needs neither the training tables nor a process group. Raw values are
     hashed by :func:`tnrec.data.to_batch` -- the readers' code -- and pooled by
     the training layer's kernel, so predictions equal ``model.predict`` on the
     same rows (unknown keys read as zeros and count in mean/sqrtn denominators).
@@ -142,6 +143,6 @@ class Predictor:
             outs = self.graph(*args)
         result = {}
         for head, out in zip(self.heads, outs, strict=True):
-            t = torch.sigmoid(out) if head["prediction"] == "sigmoid" else out
+            t = PREDICTIONS[head["prediction"]](out)
             result[head["name"]] = t.numpy()
         return result[""] if list(result) == [""] else result
