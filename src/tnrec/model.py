@@ -73,6 +73,7 @@ class Model(TrainingLoops, torch.nn.Module):
         super().__init__()
         self._ps: Any = None
         self._table_layers: dict[str, list[EmbeddingFeatures]] = {}
+        self._layers: list[EmbeddingFeatures] = []
         self._step: dict[str, TemporaryMatrix] | None = None
         self._batch: Any = None
         self._heads: list[Head] = []
@@ -116,7 +117,8 @@ class Model(TrainingLoops, torch.nn.Module):
                 initializer, seed or policy.
         """
         groups: dict[str, list[EmbeddingFeatures]] = {}
-        for layer in self.embedding_layers():
+        self._layers = self.embedding_layers()
+        for layer in self._layers:
             groups.setdefault(layer.table_name, []).append(layer)
         tables = {}
         for name, layers in groups.items():
@@ -316,9 +318,12 @@ class Model(TrainingLoops, torch.nn.Module):
 
     def embed(self, batch: Any) -> dict[str, Any]:
         """Return each embedding layer's output for ``batch``, by layer name."""
+        if self._ps is None:
+            self.build_tables()
+        # the layers found (and named) when the tables were built: no module walk per step
         return {
             layer.table_name if layer.name is None else layer.name: layer(batch)
-            for layer in self.embedding_layers()
+            for layer in self._layers
         }
 
     def forward(self, batch: Any) -> Any:
