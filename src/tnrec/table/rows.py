@@ -90,6 +90,11 @@ class RowStore:
             grown[: self.free_top] = self.free_rows[: self.free_top]
             self.free_rows = grown
 
+    @property
+    def loc(self) -> tuple[np.ndarray, int, int, int]:
+        """``(bases, stride, shift, lmask)``: what every row kernel needs to find a row."""
+        return self.bases, self.stride, self.shift, self.lmask
+
     def nbytes(self) -> int:
         """Bytes held by chunks, free list and bitmap."""
         return self.capacity * self.stride * 4 + self.free_rows.nbytes + self.bitmap.nbytes

@@ -212,10 +212,7 @@ class SparseTable:
             missing, dups = rows.lookup_gather_checked(
                 self._slot_keys,
                 self._slot_rows,
-                st.bases,
-                st.stride,
-                st.shift,
-                st.lmask,
+                *st.loc,
                 keys,
                 rws,
                 out,
@@ -231,10 +228,7 @@ class SparseTable:
             missing = rows.lookup_gather(
                 self._slot_keys,
                 self._slot_rows,
-                st.bases,
-                st.stride,
-                st.shift,
-                st.lmask,
+                *st.loc,
                 keys,
                 rws,
                 out,
@@ -245,7 +239,7 @@ class SparseTable:
             new_keys = keys[where]
             new_rows = self._insert(new_keys)
             fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
-            rows.gather(st.bases, st.stride, st.shift, st.lmask, new_rows, self.dim, fresh)
+            rows.gather(*st.loc, new_rows, self.dim, fresh)
             out[where] = fresh
             rws[where] = new_rows
         self._last_lookup = (keys.copy(), rws, self._key_version)
@@ -298,10 +292,7 @@ class SparseTable:
             raise RuntimeError("internal error: _insert got keys that were already present")
         opt = self.optimizer
         rows.create_rows(
-            st.bases,
-            st.stride,
-            st.shift,
-            st.lmask,
+            *st.loc,
             keys,
             out_rows,
             self._table_seed,
@@ -377,10 +368,7 @@ class SparseTable:
             )
         opt = self.optimizer
         rows.apply_push(
-            st.bases,
-            st.stride,
-            st.shift,
-            st.lmask,
+            *st.loc,
             rws,
             g,
             s,
@@ -411,10 +399,7 @@ class SparseTable:
         if known is not None:
             unknown = int(np.count_nonzero(known < 0))
             rows.apply_push(
-                st.bases,
-                st.stride,
-                st.shift,
-                st.lmask,
+                *st.loc,
                 known,
                 grads,
                 show,
@@ -429,10 +414,7 @@ class SparseTable:
             unknown = rows.lookup_apply(
                 self._slot_keys,
                 self._slot_rows,
-                st.bases,
-                st.stride,
-                st.shift,
-                st.lmask,
+                *st.loc,
                 keys,
                 grads,
                 show,
@@ -473,10 +455,7 @@ class SparseTable:
         st = self._store
         rows.decay(
             self._slot_rows,
-            st.bases,
-            st.stride,
-            st.shift,
-            st.lmask,
+            *st.loc,
             factor,
             int(delta_days),
             self.stats_offset,
@@ -496,10 +475,7 @@ class SparseTable:
         n = rows.select_evict(
             self._slot_keys,
             self._slot_rows,
-            st.bases,
-            st.stride,
-            st.shift,
-            st.lmask,
+            *st.loc,
             self.stats_offset,
             p.show_threshold is not None,
             float(p.show_threshold if p.show_threshold is not None else 0.0),
@@ -552,7 +528,7 @@ class SparseTable:
                 )
         st = self._store
         out = np.empty((k.shape[0], st.stride), dtype=np.float32)  # [n, stride]
-        rows.gather_records(st.bases, st.stride, st.shift, st.lmask, rws, out)
+        rows.gather_records(*st.loc, rws, out)
         return k, out
 
     def split_records(self, keys: Keys, rec: npt.NDArray[np.float32]) -> dict[str, np.ndarray]:
@@ -595,9 +571,7 @@ class SparseTable:
         if absent.shape[0]:
             rws[absent] = self._insert(k[absent])
         st = self._store
-        rows.scatter_records(
-            st.bases, st.stride, st.shift, st.lmask, rws, np.ascontiguousarray(rec)
-        )
+        rows.scatter_records(*st.loc, rws, np.ascontiguousarray(rec))
 
     # ------------------------------------------------------------------ files
 
