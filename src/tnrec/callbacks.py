@@ -120,8 +120,13 @@ class Checkpoint(Callback):
     Saves go to ``model_dir/<dt>/<generation>`` (see :mod:`tnrec.checkpoint`).
     A mid-day save records each worker's input position; when ``fit`` starts
     from such a checkpoint on the same number of workers, the reader resumes
-    after the last row trained (no row twice, none skipped). The final save
-    marks the day complete.
+    after the last row trained. The final save marks the day complete.
+
+    With several workers and uneven data, a worker whose part ran out before
+    a mid-day save has a position in the next epoch, and ``fit`` would read
+    its part again: resume multi-worker days with :func:`tnrec.daily.train_days`
+    (``tnrec train``), which aligns the workers' epochs; this callback is exact
+    for one worker.
 
     Args:
         model_dir: the checkpoint root.
