@@ -8,6 +8,7 @@ from tnrec.table.keyhash import NUM_BUCKETS, bucket_of, mix64
 from tnrec.table.optimizers import SGD, AdaGrad, Adam, Ftrl, SparseOptimizer, optimizer_from_config
 from tnrec.table.policy import EvictionPolicy
 from tnrec.table.table import SparseTable, TableStats
+from tnrec.table.threads import get_num_threads, set_num_threads
 
 __all__ = [
     "NUM_BUCKETS",
@@ -21,9 +22,11 @@ __all__ = [
     "SparseTable",
     "TableStats",
     "bucket_of",
+    "get_num_threads",
     "mix64",
     "normal",
     "optimizer_from_config",
+    "set_num_threads",
     "uniform",
     "zeros",
 ]

@@ -334,41 +334,39 @@ def _count_non_finite(grads, show, click):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def validate_push(slot_keys, slot_rows, keys, grads, show, click, rows, bitmap):  # pragma: no cover
-    """Find the row of each key and count the faults; write nothing to the table.
+def check_lookup(slot_keys, slot_rows, keys, grads, show, click, rows):  # pragma: no cover
+    """Find the row of each key of a push and count its faults; write nothing to the table.
+
+    Runs on one slice of a push (see :mod:`tnrec.table.threads`); duplicates
+    are counted over the whole push afterwards by :func:`count_row_duplicates`.
 
     Returns:
-        ``(unknown, duplicate, non_finite)`` key counts.
+        ``(unknown, non_finite)`` key counts.
     """
     bad = _count_non_finite(grads, show, click)
     unknown = lookup_rows(slot_keys, slot_rows, keys, rows)
-    dup = count_row_duplicates(rows, bitmap)
-    return unknown, dup, bad
+    return unknown, bad
 
 
 @nb.njit(nogil=True, cache=True)
-def validate_rows(grads, show, click, rows, bitmap):  # pragma: no cover - compiled
-    """:func:`validate_push` for keys whose rows are already known (``-1``: unknown)."""
+def check_rows(grads, show, click, rows):  # pragma: no cover - compiled
+    """:func:`check_lookup` for keys whose rows are already known (``-1``: unknown)."""
     bad = _count_non_finite(grads, show, click)
     unknown = 0
     for i in range(rows.shape[0]):
         if rows[i] < 0:
             unknown += 1
-    dup = count_row_duplicates(rows, bitmap)
-    return unknown, dup, bad
+    return unknown, bad
 
 
 @nb.njit(nogil=True, cache=True)
-def lookup_gather_checked(
-    slot_keys, slot_rows, bases, stride, shift, lmask, keys, rows, out, D, bitmap
-):  # pragma: no cover
-    """:func:`lookup_gather` that also counts duplicate keys; return ``(absent, duplicates)``.
+def count_key_duplicates(keys, rows, missing, bitmap):  # pragma: no cover - compiled
+    """Count the keys of a looked-up batch that repeat an earlier one.
 
-    Present duplicates share a row (found with the row bitmap); absent ones
-    are counted among the absent keys only (a batch-local hash set), so a
-    pull of existing keys pays no hash set of its own.
+    Present duplicates share a row (found with the row bitmap); the
+    ``missing`` absent ones (``rows < 0``) go through a batch-local hash set,
+    so a pull of existing keys pays no hash set of its own.
     """
-    missing = lookup_rows(slot_keys, slot_rows, keys, rows)
     dup = count_row_duplicates(rows, bitmap)
     if missing:
         absent = np.empty(missing, dtype=np.int64)
@@ -378,9 +376,7 @@ def lookup_gather_checked(
                 absent[m] = keys[i]
                 m += 1
         dup += count_duplicates(absent)
-    if dup == 0:
-        gather(bases, stride, shift, lmask, rows, D, out)
-    return missing, dup
+    return dup
 
 
 @nb.njit(nogil=True, cache=True, inline="always")

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tnrec.errors import ArgumentError, NonFiniteError, TableKeyError
-from tnrec.table import index, rows
+from tnrec.table import index, rows, threads
 from tnrec.table.init import Initializer, normal, table_stream_seed
 from tnrec.table.optimizers import SparseOptimizer
 from tnrec.table.policy import EvictionPolicy
@@ -206,33 +206,29 @@ class SparseTable:
         out = np.empty((n, self.dim), dtype=np.float32)  # [n, D]
         rws = np.empty(n, dtype=np.int32)
         st = self._store
+        sk, sr, loc, dim = self._slot_keys, self._slot_rows, st.loc, self.dim
+        parts = threads.slices(n)
         if checked:
-            # Duplicates are counted in the same compiled pass as the lookup;
-            # on error nothing has been created.
-            missing, dups = rows.lookup_gather_checked(
-                self._slot_keys,
-                self._slot_rows,
-                *st.loc,
-                keys,
-                rws,
-                out,
-                self.dim,
-                st.bitmap,
+            # Lookups in threads, then one pass over the whole batch counts the
+            # duplicates before anything is copied or created.
+            missing = sum(
+                threads.run(parts, lambda a, b: rows.lookup_rows(sk, sr, keys[a:b], rws[a:b]))
             )
+            dups = rows.count_key_duplicates(keys, rws, missing, st.bitmap)
             if dups:
                 raise TableKeyError(
                     f'Table "{self.name}": pull got {dups} duplicate key(s) among {n}; '
                     "keys must be unique (de-duplicate the batch first)."
                 )
+            threads.run(parts, lambda a, b: rows.gather(*loc, rws[a:b], dim, out[a:b]))
         else:
-            missing = rows.lookup_gather(
-                self._slot_keys,
-                self._slot_rows,
-                *st.loc,
-                keys,
-                rws,
-                out,
-                self.dim,
+            missing = sum(
+                threads.run(
+                    parts,
+                    lambda a, b: rows.lookup_gather(
+                        sk, sr, *loc, keys[a:b], rws[a:b], out[a:b], dim
+                    ),
+                )
             )
         if missing and create:
             where = np.flatnonzero(rws < 0)
@@ -291,19 +287,16 @@ class SparseTable:
         if not created.all():
             raise RuntimeError("internal error: _insert got keys that were already present")
         opt = self.optimizer
-        rows.create_rows(
-            *st.loc,
-            keys,
-            out_rows,
-            self._table_seed,
-            self.initializer.code(),
-            self.initializer.param,
-            opt.kind,
-            opt.hyper_params(),
-            self.dim,
-            self._state_width,
-            np.int32(self.generation),
-        )
+        loc, seed, init = st.loc, self._table_seed, self.initializer
+        kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
+        gen = np.int32(self.generation)
+        threads.run(
+            threads.slices(n),
+            lambda a, b: rows.create_rows(
+                *loc, keys[a:b], out_rows[a:b], seed, init.code(), init.param,
+                kind, hp, dim, width, gen,
+            ),
+        )  # fmt: skip
         return out_rows
 
     def _grow_index(self, need: int) -> None:
@@ -346,15 +339,23 @@ class SparseTable:
         s = self._check_float(show, "show", (n,))
         c = self._check_float(click, "click", (n,))
         st = self._store
+        parts = threads.slices(n)
         known = self._remembered_rows(k)
         if known is not None:
             rws = known
-            unknown, dup, bad = rows.validate_rows(g, s, c, rws, st.bitmap)
+            counts = threads.run(
+                parts, lambda a, b: rows.check_rows(g[a:b], s[a:b], c[a:b], rws[a:b])
+            )
         else:
             rws = np.empty(n, dtype=np.int32)
-            unknown, dup, bad = rows.validate_push(
-                self._slot_keys, self._slot_rows, k, g, s, c, rws, st.bitmap
+            sk, sr = self._slot_keys, self._slot_rows
+            counts = threads.run(
+                parts,
+                lambda a, b: rows.check_lookup(sk, sr, k[a:b], g[a:b], s[a:b], c[a:b], rws[a:b]),
             )
+        unknown = sum(u for u, _ in counts)
+        bad = sum(b for _, b in counts)
+        dup = rows.count_row_duplicates(rws, st.bitmap)
         if unknown or dup:
             raise TableKeyError(
                 f'Table "{self.name}": push got {unknown} unknown and {dup} duplicate key(s) '
@@ -366,18 +367,25 @@ class SparseTable:
                 f'Table "{self.name}": push got {bad} key(s) with a NaN or infinite gradient, '
                 "show or click; nothing was updated."
             )
-        opt = self.optimizer
-        rows.apply_push(
-            *st.loc,
-            rws,
-            g,
-            s,
-            c,
-            opt.kind,
-            opt.hyper_params(),
-            self.dim,
-            self._state_width,
-            np.int32(self.generation),
+        self._apply(parts, rws, g, s, c)
+
+    def _apply(
+        self,
+        parts: list[tuple[int, int]],
+        rws: npt.NDArray[np.int32],
+        g: npt.NDArray[np.float32],
+        s: npt.NDArray[np.float32],
+        c: npt.NDArray[np.float32],
+    ) -> None:
+        """Run the optimizer rule on ``rws`` (unique; ``-1`` skipped), one slice a thread."""
+        opt, loc = self.optimizer, self._store.loc
+        kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
+        gen = np.int32(self.generation)
+        threads.run(
+            parts,
+            lambda a, b: rows.apply_push(
+                *loc, rws[a:b], g[a:b], s[a:b], c[a:b], kind, hp, dim, width, gen
+            ),
         )
 
     def push_unchecked(
@@ -395,36 +403,24 @@ class SparseTable:
         """
         st = self._store
         opt = self.optimizer
+        parts = threads.slices(keys.shape[0])
         known = self._remembered_rows(keys)
         if known is not None:
             unknown = int(np.count_nonzero(known < 0))
-            rows.apply_push(
-                *st.loc,
-                known,
-                grads,
-                show,
-                click,
-                opt.kind,
-                opt.hyper_params(),
-                self.dim,
-                self._state_width,
-                np.int32(self.generation),
-            )
+            self._apply(parts, known, grads, show, click)
         else:
-            unknown = rows.lookup_apply(
-                self._slot_keys,
-                self._slot_rows,
-                *st.loc,
-                keys,
-                grads,
-                show,
-                click,
-                opt.kind,
-                opt.hyper_params(),
-                self.dim,
-                self._state_width,
-                np.int32(self.generation),
-            )
+            sk, sr, loc = self._slot_keys, self._slot_rows, st.loc
+            kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
+            gen = np.int32(self.generation)
+            unknown = sum(
+                threads.run(
+                    parts,
+                    lambda a, b: rows.lookup_apply(
+                        sk, sr, *loc, keys[a:b], grads[a:b], show[a:b], click[a:b],
+                        kind, hp, dim, width, gen,
+                    ),
+                )
+            )  # fmt: skip
         if unknown:
             raise RuntimeError(
                 f'internal error: table "{self.name}": push_unchecked got {unknown} unknown key(s)'

@@ -35,6 +35,7 @@ def warm() -> float:
         t = SparseTable(2, opt, name="warm", initializer=init, policy=policy)
         t.pull(keys)
         t.pull(keys, create=False)
+        t.pull_unchecked(keys)
         ones = np.ones(keys.shape[0], np.float32)
         t.push(keys, np.ones((keys.shape[0], 2), np.float32), ones, ones)
         t.push_unchecked(keys, np.ones((keys.shape[0], 2), np.float32), ones, ones)

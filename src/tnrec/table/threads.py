@@ -1,0 +1,136 @@
+"""Run a table kernel over slices of one batch in a few threads.
+
+The table kernels are numba functions compiled with ``nogil=True`` and cached.
+A large batch is cut into contiguous slices, one a thread; each thread runs
+the same compiled kernel on its slice's views, and the calling thread runs the
+first slice itself. Slices never share an output element, and the kernels run
+this way only read the index (lookups) or write rows that are distinct by
+contract (a push's keys are unique), so no locking is needed. Inserting keys
+into the index stays single-threaded.
+
+Why not numba's ``parallel=True``: kernels compiled with it and loaded from
+numba's on-disk cache crashed (segfault) in processes that had imported torch,
+under both the OpenMP and the workqueue threading layers. Plain threads over
+cached ``nogil`` kernels avoid numba's threading layer altogether.
+
+The thread count is ``TNREC_TABLE_THREADS`` when set, else the number of CPUs
+this process may run on, at most 4; :func:`set_num_threads` changes it. Batches
+below ``2 * MIN_SLICE`` keys run in the calling thread alone (a thread
+hand-off costs tens of microseconds, about a thousand keys of work).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+from tnrec.errors import ArgumentError
+
+__all__ = ["MIN_SLICE", "get_num_threads", "run", "set_num_threads", "slices"]
+
+MIN_SLICE = 8192  # keys a thread gets at least
+_MAX_DEFAULT = 4
+_ENV = "TNREC_TABLE_THREADS"
+
+T = TypeVar("T")
+
+
+def _default_threads() -> int:
+    text = os.environ.get(_ENV)
+    if text is not None and text.strip():
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ArgumentError(
+                f"{_ENV} must be an integer >= 1 (the table kernels' thread count). "
+                f"Received: {text!r}."
+            )
+        return n
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, _MAX_DEFAULT))
+
+
+_num_threads: int | None = None
+_pool: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+
+
+def get_num_threads() -> int:
+    """Return how many threads a large table call uses (the caller included)."""
+    global _num_threads
+    if _num_threads is None:
+        _num_threads = _default_threads()
+    return _num_threads
+
+
+def set_num_threads(n: int) -> None:
+    """Use ``n`` threads (the caller included) for large pulls, pushes and inserts.
+
+    ``1`` runs every kernel in the calling thread. Results do not depend on
+    the thread count: each key's row is read or written by exactly one thread.
+
+    Raises:
+        ArgumentError: ``n`` is not an int >= 1.
+    """
+    global _num_threads, _pool
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ArgumentError(f"set_num_threads(n): n must be an int >= 1. Received: {n!r}.")
+    with _lock:
+        _num_threads = n
+        if _pool is not None:
+            _pool.shutdown(wait=True)
+            _pool = None
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool
+    workers = max(1, get_num_threads() - 1)
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tnrec-table")
+        return _pool
+
+
+def _forget_pool_in_child() -> None:
+    # A forked child inherits the pool object but not its threads.
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def slices(n: int) -> list[tuple[int, int]]:
+    """Cut ``range(n)`` into at most :func:`get_num_threads` slices of >= ``MIN_SLICE`` keys."""
+    parts = max(1, min(get_num_threads(), n // MIN_SLICE))
+    if parts == 1:
+        return [(0, n)]
+    step = -(-n // parts)
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def run(parts: list[tuple[int, int]], fn: Callable[[int, int], T]) -> list[T]:
+    """Call ``fn(a, b)`` for each slice, the first in this thread; return results in order.
+
+    An exception in any slice is raised here after every slice has finished.
+    """
+    if len(parts) == 1:
+        return [fn(*parts[0])]
+    pool = _get_pool()
+    futures: list[Future[T]] = [pool.submit(fn, a, b) for a, b in parts[1:]]
+    try:
+        first = fn(*parts[0])
+    except BaseException:
+        wait(futures)  # no slice may still be writing when the caller sees the error
+        raise
+    wait(futures)
+    return [first, *(f.result() for f in futures)]
