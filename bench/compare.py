@@ -601,7 +601,12 @@ def _child(model: str, impl: str, a: argparse.Namespace, data: str) -> dict[str,
     ]  # fmt: skip
     if impl == "tnrec" and (a.split or a.split_only):
         cmd += ["--split"]
-    env = dict(os.environ, NUMBA_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    env = dict(
+        os.environ,
+        NUMBA_NUM_THREADS=str(a.threads),
+        OMP_NUM_THREADS=str(a.threads),
+        TNREC_TABLE_THREADS=str(a.threads),
+    )
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout_s)
     if r.returncode != 0:
         return {"model": model, "impl": impl, "error": r.stderr.strip()[-2000:]}
@@ -672,7 +677,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="torch and numba threads per run")
     p.add_argument("--steps", type=int, default=60, help="training steps of micro/zipf")
     p.add_argument("--deepfm-steps", type=int, default=30)
-    p.add_argument("--test-steps", type=int, default=4)
+    p.add_argument("--test-steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="steps not timed")
     p.add_argument("--split", action="store_true", help="also print tnrec's per-part split")
     p.add_argument("--split-only", action="store_true", help="tnrec with its split, 1 repeat")

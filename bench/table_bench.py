@@ -28,7 +28,9 @@ Usage::
     python bench/table_bench.py --dims 8 --keys 100m                     # dim <= 16 only
 
 Defaults: dims 8, 16, 64 at 1M keys, plus dim 8 at 10M keys. torch runs with
-its default thread count, printed in the header. This file is never collected
+its default thread count and tnrec's table kernels with theirs
+(``tnrec.table.get_num_threads()``, ``TNREC_TABLE_THREADS`` to change it); both
+are printed under the tables. This file is never collected
 by pytest.
 """
 
@@ -144,9 +146,7 @@ def timed(fn: Any, *args: Any) -> float:
 
 def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
     """Fill a table, then time pull and push on the Zipf batches; report memory."""
-    import numba
-
-    from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable
+    from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable, get_num_threads
 
     make = {"sgd": SGD, "adagrad": AdaGrad, "adam": Adam, "ftrl": Ftrl}[spec["optimizer"]]
     dim, n_keys, fill_batch = spec["dim"], spec["keys"], spec["batch"]
@@ -200,7 +200,7 @@ def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
         "rss_before_bytes": before,
         "load_factor": stats.load_factor,
         "peak_rss_bytes": peak_rss_bytes(),
-        "numba_threads": numba.config.NUMBA_NUM_THREADS,
+        "tnrec_threads": get_num_threads(),
     }
 
 

@@ -14,7 +14,9 @@ under both the OpenMP and the workqueue threading layers. Plain threads over
 cached ``nogil`` kernels avoid numba's threading layer altogether.
 
 The thread count is ``TNREC_TABLE_THREADS`` when set, else the number of CPUs
-this process may run on, at most 4; :func:`set_num_threads` changes it. Batches
+this process may run on divided by the workers torchrun started on this
+machine (``LOCAL_WORLD_SIZE``), at least 1 and at most 4;
+:func:`set_num_threads` changes it. Batches
 below ``2 * MIN_SLICE`` keys run in the calling thread alone (a thread
 hand-off costs tens of microseconds, about a thousand keys of work).
 """
@@ -55,7 +57,11 @@ def _default_threads() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, _MAX_DEFAULT))
+    try:  # workers started by torchrun on this machine share its CPUs
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, min(cpus // local, _MAX_DEFAULT))
 
 
 _num_threads: int | None = None
