@@ -2,15 +2,17 @@
 
 Layout (``C`` = capacity, a power of two)::
 
-    slot_keys  int64[C]   the key held by each slot
-    slot_rows  int32[C]   its row id in the row store, or -1 for an empty slot
+    slots  int32[C, 3]   per slot: [low 32 bits of the key, high 32 bits, row]
+                         row = its row id in the row store, or -1 for an empty slot
 
-Emptiness is marked in ``slot_rows``, never in ``slot_keys``, so every int64
-value -- 0, -1, INT64_MIN, INT64_MAX -- is a valid key. A key's home slot is
+A slot's key and row sit side by side (12 bytes), so a lookup touches one
+cache line of the index, not one in a key array and another in a row array.
+Emptiness is marked by the row, never by the key, so every int64 value -- 0,
+-1, INT64_MIN, INT64_MAX -- is a valid key. A key's home slot is
 ``mix64(key) & (C - 1)``; collisions probe forward one slot at a time.
 Deletion uses backward shift (Knuth's algorithm R), so there are no tombstones
 and probe sequences never grow from deletes. The index is kept at most 3/4
-full; growing rebuilds only these two arrays (12 bytes a slot), never the rows.
+full; growing rebuilds only this array (12 bytes a slot), never the rows.
 
 Every kernel runs over whole key arrays and releases the GIL.
 """
@@ -40,9 +42,11 @@ def capacity_for(count: int) -> int:
     return cap
 
 
-def new_index(capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return empty ``(slot_keys, slot_rows)`` arrays of ``capacity`` slots."""
-    return np.zeros(capacity, dtype=np.int64), np.full(capacity, -1, dtype=np.int32)
+def new_index(capacity: int) -> np.ndarray:
+    """Return an empty index of ``capacity`` slots (``int32[capacity, 3]``)."""
+    slots = np.zeros((capacity, 3), dtype=np.int32)
+    slots[:, 2] = -1
+    return slots
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -55,25 +59,55 @@ _home = home
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def find(slot_keys, slot_rows, key):  # pragma: no cover - compiled
-    """Return the row of ``key`` or -1."""
-    mask = slot_keys.shape[0] - 1
+def key_lo(key):  # pragma: no cover - compiled
+    """The low 32 bits of ``key`` as stored in a slot."""
+    return np.int32(np.int64(key) & np.int64(0xFFFFFFFF))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def key_hi(key):  # pragma: no cover - compiled
+    """The high 32 bits of ``key`` as stored in a slot."""
+    return np.int32(np.int64(key) >> np.int64(32))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def slot_key(slots, s):  # pragma: no cover - compiled
+    """The int64 key held by slot ``s``."""
+    return (np.int64(slots[s, 1]) << np.int64(32)) | (np.int64(slots[s, 0]) & np.int64(0xFFFFFFFF))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def set_slot(slots, s, key, row):  # pragma: no cover - compiled
+    slots[s, 0] = key_lo(key)
+    slots[s, 1] = key_hi(key)
+    slots[s, 2] = row
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def probe(slots, key):  # pragma: no cover - compiled
+    """Return the slot holding ``key``, or the empty slot that ends its probe run."""
+    mask = slots.shape[0] - 1
+    lo = key_lo(key)
+    hi = key_hi(key)
     s = _home(key, mask)
     while True:
-        r = slot_rows[s]
-        if r < 0:
-            return -1
-        if slot_keys[s] == key:
-            return r
+        if slots[s, 2] < 0 or (slots[s, 0] == lo and slots[s, 1] == hi):
+            return s
         s = (s + 1) & mask
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def find(slots, key):  # pragma: no cover - compiled
+    """Return the row of ``key`` or -1."""
+    return slots[probe(slots, key), 2]
+
+
 @nb.njit(nogil=True, cache=True)
-def lookup(slot_keys, slot_rows, keys, out_rows):  # pragma: no cover - compiled
+def lookup(slots, keys, out_rows):  # pragma: no cover - compiled
     """Write the row of each key to ``out_rows`` (-1 when absent); return the absent count."""
     missing = 0
     for i in range(keys.shape[0]):
-        r = find(slot_keys, slot_rows, keys[i])
+        r = find(slots, keys[i])
         out_rows[i] = r
         if r < 0:
             missing += 1
@@ -82,8 +116,7 @@ def lookup(slot_keys, slot_rows, keys, out_rows):  # pragma: no cover - compiled
 
 @nb.njit(nogil=True, cache=True)
 def insert_missing(
-    slot_keys,
-    slot_rows,
+    slots,
     keys,
     out_rows,
     start,
@@ -105,17 +138,12 @@ def insert_missing(
         ``(stop, count, next_row, free_top, created)``; ``stop == len(keys)``
         when every key was handled.
     """
-    mask = slot_keys.shape[0] - 1
     created = 0
     n = keys.shape[0]
     for i in range(start, n):
         key = keys[i]
-        s = _home(key, mask)
-        while True:
-            r = slot_rows[s]
-            if r < 0 or slot_keys[s] == key:
-                break
-            s = (s + 1) & mask
+        s = probe(slots, key)
+        r = slots[s, 2]
         if r >= 0:
             out_rows[i] = r
             continue
@@ -129,8 +157,7 @@ def insert_missing(
             next_row += 1
         else:
             return i, count, next_row, free_top, created
-        slot_keys[s] = key
-        slot_rows[s] = r
+        set_slot(slots, s, key, r)
         out_rows[i] = -2 - r  # marks "created in this call"; decoded by the caller
         count += 1
         created += 1
@@ -138,38 +165,33 @@ def insert_missing(
 
 
 @nb.njit(nogil=True, cache=True)
-def rehash(old_keys, old_rows, new_keys, new_rows):  # pragma: no cover - compiled
+def rehash(old, new):  # pragma: no cover - compiled
     """Insert every entry of the old index into the (empty) new one."""
-    mask = new_keys.shape[0] - 1
-    for s in range(old_keys.shape[0]):
-        r = old_rows[s]
+    mask = new.shape[0] - 1
+    for s in range(old.shape[0]):
+        r = old[s, 2]
         if r < 0:
             continue
-        key = old_keys[s]
-        t = _home(key, mask)
-        while new_rows[t] >= 0:
+        t = _home(slot_key(old, s), mask)
+        while new[t, 2] >= 0:
             t = (t + 1) & mask
-        new_keys[t] = key
-        new_rows[t] = r
+        new[t, 0] = old[s, 0]
+        new[t, 1] = old[s, 1]
+        new[t, 2] = r
 
 
 @nb.njit(nogil=True, cache=True)
-def delete(slot_keys, slot_rows, keys, free_rows, free_top):  # pragma: no cover - compiled
+def delete(slots, keys, free_rows, free_top):  # pragma: no cover - compiled
     """Delete ``keys`` (absent ones are ignored); push their rows on the free list.
 
     Returns:
         ``(deleted, free_top)``.
     """
-    mask = slot_keys.shape[0] - 1
+    mask = slots.shape[0] - 1
     deleted = 0
     for i in range(keys.shape[0]):
-        key = keys[i]
-        s = _home(key, mask)
-        while True:
-            r = slot_rows[s]
-            if r < 0 or slot_keys[s] == key:
-                break
-            s = (s + 1) & mask
+        s = probe(slots, keys[i])
+        r = slots[s, 2]
         if r < 0:
             continue
         free_rows[free_top] = r
@@ -180,25 +202,26 @@ def delete(slot_keys, slot_rows, keys, free_rows, free_top):  # pragma: no cover
         j = s
         while True:
             j = (j + 1) & mask
-            if slot_rows[j] < 0:
+            if slots[j, 2] < 0:
                 break
-            home = _home(slot_keys[j], mask)
+            home = _home(slot_key(slots, j), mask)
             if ((j - home) & mask) >= ((j - s) & mask):
-                slot_keys[s] = slot_keys[j]
-                slot_rows[s] = slot_rows[j]
+                slots[s, 0] = slots[j, 0]
+                slots[s, 1] = slots[j, 1]
+                slots[s, 2] = slots[j, 2]
                 s = j
-        slot_rows[s] = -1
+        slots[s, 2] = -1
     return deleted, free_top
 
 
 @nb.njit(nogil=True, cache=True)
-def entries(slot_keys, slot_rows, out_keys, out_rows):  # pragma: no cover - compiled
+def entries(slots, out_keys, out_rows):  # pragma: no cover - compiled
     """Copy every (key, row) of the index to the outputs; return how many."""
     n = 0
-    for s in range(slot_keys.shape[0]):
-        r = slot_rows[s]
+    for s in range(slots.shape[0]):
+        r = slots[s, 2]
         if r >= 0:
-            out_keys[n] = slot_keys[s]
+            out_keys[n] = slot_key(slots, s)
             out_rows[n] = r
             n += 1
     return n

@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tnrec.table.index import count_duplicates, find, home
+from tnrec.table.index import count_duplicates, find, home, slot_key
 from tnrec.table.init import init_weights
 from tnrec.table.optimizers import (
     KIND_ADAGRAD,
@@ -160,15 +160,15 @@ _prefetch_r: Any = intrinsic(_prefetch_r_typer)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def prefetch_slot(slot_keys, slot_rows, key):  # pragma: no cover - compiled
-    """Start fetching the home slot of ``key`` in both index arrays."""
-    s = home(key, slot_keys.shape[0] - 1)
-    _prefetch_r(slot_rows.ctypes.data + s * 4)
-    _prefetch_r(slot_keys.ctypes.data + s * 8)
+def prefetch_slot(slots, key):  # pragma: no cover - compiled
+    """Start fetching the home slot of ``key`` (both lines when it straddles two)."""
+    a = slots.ctypes.data + home(key, slots.shape[0] - 1) * 12
+    _prefetch_r(a)
+    _prefetch_r(a + 11)
 
 
 @nb.njit(nogil=True, cache=True)
-def lookup_rows(slot_keys, slot_rows, keys, rows):  # pragma: no cover - compiled
+def lookup_rows(slots, keys, rows):  # pragma: no cover - compiled
     """Write the row of each key to ``rows`` (-1 when absent); return the absent count.
 
     The home slots of the key ``_PREFETCH_AHEAD`` positions ahead are
@@ -176,12 +176,12 @@ def lookup_rows(slot_keys, slot_rows, keys, rows):  # pragma: no cover - compile
     """
     n = keys.shape[0]
     for i in range(min(n, _PREFETCH_AHEAD)):
-        prefetch_slot(slot_keys, slot_rows, keys[i])
+        prefetch_slot(slots, keys[i])
     missing = 0
     for i in range(n):
         if i + _PREFETCH_AHEAD < n:
-            prefetch_slot(slot_keys, slot_rows, keys[i + _PREFETCH_AHEAD])
-        r = find(slot_keys, slot_rows, keys[i])
+            prefetch_slot(slots, keys[i + _PREFETCH_AHEAD])
+        r = find(slots, keys[i])
         rows[i] = r
         if r < 0:
             missing += 1
@@ -227,18 +227,53 @@ def gather(bases, stride, shift, lmask, rows, D, out):  # pragma: no cover - com
                 out[i, j] = c[l, j]
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def prefetch_row_r(bases, r, shift, lmask, stride, D):  # pragma: no cover - compiled
+    """Start fetching the weights of row ``r`` (its first ``D`` slots) for reading."""
+    start = bases[r >> shift] + np.int64(r & lmask) * stride * 4
+    _prefetch_r(start)
+    _prefetch_r(start + D * 4 - 1)
+
+
 @nb.njit(nogil=True, cache=True)
-def lookup_gather(
-    slot_keys, slot_rows, bases, stride, shift, lmask, keys, rows, out, D
-):  # pragma: no cover
+def lookup_gather(slots, bases, stride, shift, lmask, keys, rows, out, D):  # pragma: no cover
     """Find each key and copy its weights (zeros when absent); return the absent count.
 
-    Two passes (all lookups, then all copies) rather than one: each pass's
-    iterations are independent, so the CPU overlaps many cache misses instead
-    of waiting for the index miss before it can start the row miss.
+    One software-pipelined pass: while key ``i``'s row is copied, key
+    ``i + A`` is looked up (its slot was prefetched ``A`` keys ago) and its row
+    prefetched, and key ``i + 2A``'s home slot is prefetched, so index misses
+    and row misses are in flight together (``A = _PREFETCH_AHEAD``). This beat
+    two passes (all lookups, then all copies) by about 15% at 10M keys.
     """
-    missing = lookup_rows(slot_keys, slot_rows, keys, rows)
-    gather(bases, stride, shift, lmask, rows, D, out)
+    n = keys.shape[0]
+    A = _PREFETCH_AHEAD
+    for i in range(min(n, 2 * A)):
+        prefetch_slot(slots, keys[i])
+    for i in range(min(n, A)):
+        r = find(slots, keys[i])
+        rows[i] = r
+        if r >= 0:
+            prefetch_row_r(bases, r, shift, lmask, stride, D)
+    missing = 0
+    for i in range(n):
+        if i + 2 * A < n:
+            prefetch_slot(slots, keys[i + 2 * A])
+        j = i + A
+        if j < n:
+            rj = find(slots, keys[j])
+            rows[j] = rj
+            if rj >= 0:
+                prefetch_row_r(bases, rj, shift, lmask, stride, D)
+        r = rows[i]
+        if r < 0:
+            missing += 1
+            for d in range(D):
+                out[i, d] = 0.0
+        else:
+            c = chunk_of(bases, r, shift, lmask, stride)
+            l = r & lmask
+            for d in range(D):
+                out[i, d] = c[l, d]
     return missing
 
 
@@ -334,7 +369,7 @@ def _count_non_finite(grads, show, click):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def check_lookup(slot_keys, slot_rows, keys, grads, show, click, rows):  # pragma: no cover
+def check_lookup(slots, keys, grads, show, click, rows):  # pragma: no cover
     """Find the row of each key of a push and count its faults; write nothing to the table.
 
     Runs on one slice of a push (see :mod:`tnrec.table.threads`); duplicates
@@ -344,7 +379,7 @@ def check_lookup(slot_keys, slot_rows, keys, grads, show, click, rows):  # pragm
         ``(unknown, non_finite)`` key counts.
     """
     bad = _count_non_finite(grads, show, click)
-    unknown = lookup_rows(slot_keys, slot_rows, keys, rows)
+    unknown = lookup_rows(slots, keys, rows)
     return unknown, bad
 
 
@@ -437,8 +472,7 @@ def apply_push(
 
 @nb.njit(nogil=True, cache=True)
 def lookup_apply(
-    slot_keys,
-    slot_rows,
+    slots,
     bases,
     stride,
     shift,
@@ -455,20 +489,21 @@ def lookup_apply(
 ):  # pragma: no cover - compiled
     """Unchecked push: find every key, then update the found rows; return the unknown count.
 
-    Two passes for the same reason as :func:`lookup_gather`.
+    Two passes, each prefetching ahead: all lookups, then the updates (the
+    model's push reuses its pull's rows and skips the first pass).
     """
     n = keys.shape[0]
     rows = np.empty(n, dtype=np.int32)
-    unknown = lookup_rows(slot_keys, slot_rows, keys, rows)
+    unknown = lookup_rows(slots, keys, rows)
     apply_push(bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen)
     return unknown
 
 
 @nb.njit(nogil=True, cache=True)
-def decay(slot_rows, bases, stride, shift, lmask, factor, delta_days, base):  # pragma: no cover
+def decay(slots, bases, stride, shift, lmask, factor, delta_days, base):  # pragma: no cover
     """Multiply show/click by ``factor`` and age unseen days of every live row."""
-    for s in range(slot_rows.shape[0]):
-        r = slot_rows[s]
+    for s in range(slots.shape[0]):
+        r = slots[s, 2]
         if r < 0:
             continue
         c = chunk_of(bases, r, shift, lmask, stride)
@@ -482,8 +517,7 @@ def decay(slot_rows, bases, stride, shift, lmask, factor, delta_days, base):  # 
 
 @nb.njit(nogil=True, cache=True)
 def select_evict(
-    slot_keys,
-    slot_rows,
+    slots,
     bases,
     stride,
     shift,
@@ -498,8 +532,8 @@ def select_evict(
 ):  # pragma: no cover - compiled
     """Write the keys the policy deletes to ``out_keys``; return how many."""
     n = 0
-    for s in range(slot_rows.shape[0]):
-        r = slot_rows[s]
+    for s in range(slots.shape[0]):
+        r = slots[s, 2]
         if r < 0:
             continue
         c = chunk_of(bases, r, shift, lmask, stride)
@@ -512,6 +546,6 @@ def select_evict(
         else:
             hit = low_show or stale
         if hit:
-            out_keys[n] = slot_keys[s]
+            out_keys[n] = slot_key(slots, s)
             n += 1
     return n

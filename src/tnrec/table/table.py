@@ -109,7 +109,7 @@ class SparseTable:
         self._state_width = optimizer.state_width(self.dim)
         self._table_seed = table_stream_seed(self.seed, name)
         self._store = rows.RowStore(self.dim + self._state_width + 4)
-        self._slot_keys, self._slot_rows = index.new_index(index.MIN_CAPACITY)
+        self._slots = index.new_index(index.MIN_CAPACITY)
         self._count = 0
         # Bumped whenever a key gains or loses its row; a remembered lookup
         # (below) is valid only while it has not changed.
@@ -140,8 +140,8 @@ class SparseTable:
 
         ``bytes_held`` counts the index, every allocated row chunk and the free list.
         """
-        cap = self._slot_keys.shape[0]
-        held = self._slot_keys.nbytes + self._slot_rows.nbytes + self._store.nbytes()
+        cap = self._slots.shape[0]
+        held = self._slots.nbytes + self._store.nbytes()
         return TableStats(
             count=self._count,
             capacity=cap,
@@ -206,30 +206,23 @@ class SparseTable:
         out = np.empty((n, self.dim), dtype=np.float32)  # [n, D]
         rws = np.empty(n, dtype=np.int32)
         st = self._store
-        sk, sr, loc, dim = self._slot_keys, self._slot_rows, st.loc, self.dim
+        slots, loc, dim = self._slots, st.loc, self.dim
         parts = threads.slices(n)
-        if checked:
-            # Lookups in threads, then one pass over the whole batch counts the
-            # duplicates before anything is copied or created.
-            missing = sum(
-                threads.run(parts, lambda a, b: rows.lookup_rows(sk, sr, keys[a:b], rws[a:b]))
+        missing = sum(
+            threads.run(
+                parts,
+                lambda a, b: rows.lookup_gather(slots, *loc, keys[a:b], rws[a:b], out[a:b], dim),
             )
+        )
+        if checked:
+            # One pass over the whole batch counts duplicates before any key is
+            # created; ``out`` is this call's own array, so nothing has changed.
             dups = rows.count_key_duplicates(keys, rws, missing, st.bitmap)
             if dups:
                 raise TableKeyError(
                     f'Table "{self.name}": pull got {dups} duplicate key(s) among {n}; '
                     "keys must be unique (de-duplicate the batch first)."
                 )
-            threads.run(parts, lambda a, b: rows.gather(*loc, rws[a:b], dim, out[a:b]))
-        else:
-            missing = sum(
-                threads.run(
-                    parts,
-                    lambda a, b: rows.lookup_gather(
-                        sk, sr, *loc, keys[a:b], rws[a:b], out[a:b], dim
-                    ),
-                )
-            )
         if missing and create:
             where = np.flatnonzero(rws < 0)
             new_keys = keys[where]
@@ -261,10 +254,9 @@ class SparseTable:
         self._key_version += 1
         start = 0
         while True:
-            limit = index.max_count(self._slot_keys.shape[0])
+            limit = index.max_count(self._slots.shape[0])
             stop, self._count, st.next_row, st.free_top, _ = index.insert_missing(
-                self._slot_keys,
-                self._slot_rows,
+                self._slots,
                 keys,
                 out_rows,
                 start,
@@ -301,9 +293,9 @@ class SparseTable:
 
     def _grow_index(self, need: int) -> None:
         cap = index.capacity_for(need)
-        new_keys, new_rows = index.new_index(cap)
-        index.rehash(self._slot_keys, self._slot_rows, new_keys, new_rows)
-        self._slot_keys, self._slot_rows = new_keys, new_rows
+        new = index.new_index(cap)
+        index.rehash(self._slots, new)
+        self._slots = new
 
     # ------------------------------------------------------------------ push
 
@@ -348,10 +340,10 @@ class SparseTable:
             )
         else:
             rws = np.empty(n, dtype=np.int32)
-            sk, sr = self._slot_keys, self._slot_rows
+            slots = self._slots
             counts = threads.run(
                 parts,
-                lambda a, b: rows.check_lookup(sk, sr, k[a:b], g[a:b], s[a:b], c[a:b], rws[a:b]),
+                lambda a, b: rows.check_lookup(slots, k[a:b], g[a:b], s[a:b], c[a:b], rws[a:b]),
             )
         unknown = sum(u for u, _ in counts)
         bad = sum(b for _, b in counts)
@@ -409,14 +401,14 @@ class SparseTable:
             unknown = int(np.count_nonzero(known < 0))
             self._apply(parts, known, grads, show, click)
         else:
-            sk, sr, loc = self._slot_keys, self._slot_rows, st.loc
+            slots, loc = self._slots, st.loc
             kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
             gen = np.int32(self.generation)
             unknown = sum(
                 threads.run(
                     parts,
                     lambda a, b: rows.lookup_apply(
-                        sk, sr, *loc, keys[a:b], grads[a:b], show[a:b], click[a:b],
+                        slots, *loc, keys[a:b], grads[a:b], show[a:b], click[a:b],
                         kind, hp, dim, width, gen,
                     ),
                 )
@@ -450,7 +442,7 @@ class SparseTable:
         factor = float(self.policy.show_decay_rate) ** int(delta_days)
         st = self._store
         rows.decay(
-            self._slot_rows,
+            self._slots,
             *st.loc,
             factor,
             int(delta_days),
@@ -469,8 +461,7 @@ class SparseTable:
         st = self._store
         victims = np.empty(self._count, dtype=np.int64)
         n = rows.select_evict(
-            self._slot_keys,
-            self._slot_rows,
+            self._slots,
             *st.loc,
             self.stats_offset,
             p.show_threshold is not None,
@@ -488,9 +479,7 @@ class SparseTable:
         st = self._store
         st.reserve_free_slots(k.shape[0])
         self._key_version += 1
-        deleted, st.free_top = index.delete(
-            self._slot_keys, self._slot_rows, k, st.free_rows, st.free_top
-        )
+        deleted, st.free_top = index.delete(self._slots, k, st.free_rows, st.free_top)
         self._count -= deleted
         return int(deleted)
 
@@ -499,7 +488,7 @@ class SparseTable:
     def _entries(self) -> tuple[Keys, npt.NDArray[np.int32]]:
         keys = np.empty(self._count, dtype=np.int64)
         rws = np.empty(self._count, dtype=np.int32)
-        n = index.entries(self._slot_keys, self._slot_rows, keys, rws)
+        n = index.entries(self._slots, keys, rws)
         if n != self._count:
             raise RuntimeError(f"internal error: index holds {n} keys, count says {self._count}")
         return keys, rws
@@ -517,7 +506,7 @@ class SparseTable:
         else:
             k = self._check_keys(keys)
             rws = np.empty(k.shape[0], dtype=np.int32)
-            missing = index.lookup(self._slot_keys, self._slot_rows, k, rws)
+            missing = index.lookup(self._slots, k, rws)
             if missing:
                 raise TableKeyError(
                     f'Table "{self.name}": {missing} of {k.shape[0]} keys are unknown.'
@@ -562,7 +551,7 @@ class SparseTable:
         if rec.dtype != np.float32 or rec.shape != (k.shape[0], self._store.stride):
             raise RuntimeError("internal error: write_records got a block of the wrong shape")
         rws = np.empty(k.shape[0], dtype=np.int32)
-        index.lookup(self._slot_keys, self._slot_rows, k, rws)
+        index.lookup(self._slots, k, rws)
         absent = np.flatnonzero(rws < 0)
         if absent.shape[0]:
             rws[absent] = self._insert(k[absent])
