@@ -212,19 +212,24 @@ def ichunk_of(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
     return nb.carray(_i32_ptr(bases[r >> shift]), (lmask + 1, stride))
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def copy_weights(bases, stride, shift, lmask, r, D, out, i):  # pragma: no cover - compiled
+    """Copy row ``r``'s weights into ``out[i]`` (zeros when ``r < 0``)."""
+    if r < 0:
+        for j in range(D):
+            out[i, j] = 0.0
+    else:
+        c = chunk_of(bases, r, shift, lmask, stride)
+        l = r & lmask
+        for j in range(D):
+            out[i, j] = c[l, j]
+
+
 @nb.njit(nogil=True, cache=True)
 def gather(bases, stride, shift, lmask, rows, D, out):  # pragma: no cover - compiled
     """Copy the weights of ``rows`` into ``out[n, D]``; rows < 0 give zeros."""
     for i in range(rows.shape[0]):
-        r = rows[i]
-        if r < 0:
-            for j in range(D):
-                out[i, j] = 0.0
-        else:
-            c = chunk_of(bases, r, shift, lmask, stride)
-            l = r & lmask
-            for j in range(D):
-                out[i, j] = c[l, j]
+        copy_weights(bases, stride, shift, lmask, rows[i], D, out, i)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -267,13 +272,7 @@ def lookup_gather(slots, bases, stride, shift, lmask, keys, rows, out, D):  # pr
         r = rows[i]
         if r < 0:
             missing += 1
-            for d in range(D):
-                out[i, d] = 0.0
-        else:
-            c = chunk_of(bases, r, shift, lmask, stride)
-            l = r & lmask
-            for d in range(D):
-                out[i, d] = c[l, d]
+        copy_weights(bases, stride, shift, lmask, r, D, out, i)
     return missing
 
 
