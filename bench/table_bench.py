@@ -26,6 +26,7 @@ Usage::
     python bench/table_bench.py --quick                                  # smoke test, seconds
     python bench/table_bench.py --dims 8,16 --keys 1m,10m --out bench/out/table.json
     python bench/table_bench.py --dims 8 --keys 100m                     # dim <= 16 only
+    python bench/table_bench.py --optimizers adagrad --rounds 3          # ratios: median of 3
 
 Defaults: dims 8, 16, 64 at 1M keys, plus dim 8 at 10M keys. torch runs with
 its default thread count and tnrec's table kernels with theirs
@@ -386,9 +387,58 @@ REFERENCES = [
 ]
 
 
+_IDENTITY = {"dim", "keys", "batch", "repeats", "round"}
+
+
+def _median_by_case(ok: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge the rounds of each measurement: every numeric field becomes its median."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in ok:
+        groups.setdefault((r["kind"], r.get("optimizer"), r["dim"], r["keys"]), []).append(r)
+    merged = []
+    for rs in groups.values():
+        m = dict(rs[0])
+        for key, v in rs[0].items():
+            if isinstance(v, float | int) and not isinstance(v, bool) and key not in _IDENTITY:
+                m[key] = float(np.median([r[key] for r in rs]))
+        m["rounds"] = len(rs)
+        merged.append(m)
+    return merged
+
+
+def _ratios(ok: list[dict[str, Any]], d: int, k: int) -> tuple[list[float], list[float]]:
+    """Per-round ratios (pull / index_select, AdaGrad push / torch Adagrad) of one case."""
+    pulls, pushes = [], []
+    for rnd in sorted({r["round"] for r in ok}):
+        case = {
+            r.get("optimizer", r["kind"]): r
+            for r in ok
+            if (r["dim"], r["keys"], r["round"]) == (d, k, rnd)
+        }
+        ada, sel, emb = case.get("adagrad"), case.get("index_select"), case.get("embedding")
+        if ada and sel:
+            pulls.append(ada["pull_mkeys_s"] / sel["index_select_mkeys_s"])
+        if ada and emb:
+            pushes.append(ada["push_mkeys_s"] / emb["step_mkeys_s"])
+    return pulls, pushes
+
+
+def _fmt_ratio(v: list[float]) -> str:
+    if not v:
+        return "-"
+    if len(v) == 1:
+        return f2(v[0])
+    return f"{float(np.median(v)):.2f} ({min(v):.2f}-{max(v):.2f})"
+
+
 def report(results: list[dict[str, Any]]) -> str:
-    """Render the tnrec, reference and ratio tables (plain text, aligned)."""
-    ok = [r for r in results if "error" not in r]
+    """Render the tnrec, reference and ratio tables (plain text, aligned).
+
+    With several rounds every figure is the median over the rounds, and each
+    ratio is the median (min-max) of the ratios within a round.
+    """
+    raw = [r for r in results if "error" not in r]
+    ok = _median_by_case(raw)
     out = [
         "tnrec SparseTable: Mkeys/s = unique keys per second in the best batch; "
         "fill = pull(create=True) of new keys; RSS before = after imports, before the table",
@@ -415,14 +465,13 @@ def report(results: list[dict[str, Any]]) -> str:
         out += ["", "torch references (same rows, same batches)", fmt_table(header, refs, left=3)]
         ratios = []
         for d, k in dict.fromkeys((r["dim"], r["keys"]) for r in ok):
-            case = {r.get("optimizer", r["kind"]): r for r in ok if (r["dim"], r["keys"]) == (d, k)}
-            ada, sel, emb = case.get("adagrad"), case.get("index_select"), case.get("embedding")
-            pull = ada["pull_mkeys_s"] / sel["index_select_mkeys_s"] if ada and sel else None
-            push = ada["push_mkeys_s"] / emb["step_mkeys_s"] if ada and emb else None
-            ratios.append([str(d), human(k), f2(pull), f2(push)])
+            pulls, pushes = _ratios(raw, d, k)
+            ratios.append([str(d), human(k), _fmt_ratio(pulls), _fmt_ratio(pushes)])
         header = ["dim", "keys", "tnrec pull / index_select", "tnrec adagrad push / torch Adagrad"]
         out += ["", "ratios (AdaGrad table; > 1: tnrec faster)", fmt_table(header, ratios, left=2)]
-    threads = {f"{k.split('_')[0]} threads": r[k] for r in ok for k in r if k.endswith("threads")}
+    threads = {
+        f"{k.split('_')[0]} threads": int(r[k]) for r in ok for k in r if k.endswith("threads")
+    }
     if threads:
         out += ["", "threads (defaults): " + ", ".join(f"{k} {v}" for k, v in threads.items())]
     failed = [r for r in results if "error" in r]
@@ -448,6 +497,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=8, help="distinct batches per measurement")
     p.add_argument("--repeats", type=int, default=2, help="passes over the batches")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the batches (!= 1)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every measurement this many times, interleaved; report medians",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the torch references")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in seconds")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
@@ -467,6 +522,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.dims = args.dims if args.dims != [8, 16, 64] else [8]
         args.keys = [20_000] if args.keys is None else args.keys
         args.batch, args.batches, args.repeats = 2_000, 2, 1
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1. Received: {args.rounds}")
     return args
 
 
@@ -495,34 +552,37 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="table_bench_") as tmp:
         batch_files: dict[int, str] = {}
-        for d, k in plan:
-            if k not in batch_files:
-                path = os.path.join(tmp, f"batches_{k}.npy")
-                np.save(path, zipf_batches(k, args.batch, args.batches, args.zipf, seed=k))
-                batch_files[k] = path
-            base = {
-                "dim": d,
-                "keys": k,
-                "batch": args.batch,
-                "repeats": args.repeats,
-                "batches_file": batch_files[k],
-            }
-            specs = [{**base, "kind": "tnrec", "optimizer": o} for o in args.optimizers]
-            if not args.no_torch:
-                specs += [{**base, "kind": "index_select"}, {**base, "kind": "embedding"}]
-            for spec in specs:
-                t0 = time.perf_counter()
-                res = run_worker(spec, args.timeout_s)
-                res.pop("batches_file")
-                res["wall_s"] = round(time.perf_counter() - t0, 2)
-                results.append(res)
-                what = spec.get("optimizer", spec["kind"])
-                status = res.get("error", "ok")
-                print(
-                    f"  dim {d:>3} keys {human(k):>5} {what:<13} {res['wall_s']:6.1f} s  {status}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        for rnd in range(args.rounds):
+            for d, k in plan:
+                if k not in batch_files:
+                    path = os.path.join(tmp, f"batches_{k}.npy")
+                    np.save(path, zipf_batches(k, args.batch, args.batches, args.zipf, seed=k))
+                    batch_files[k] = path
+                base = {
+                    "dim": d,
+                    "keys": k,
+                    "batch": args.batch,
+                    "repeats": args.repeats,
+                    "batches_file": batch_files[k],
+                }
+                specs = [{**base, "kind": "tnrec", "optimizer": o} for o in args.optimizers]
+                if not args.no_torch:
+                    specs += [{**base, "kind": "index_select"}, {**base, "kind": "embedding"}]
+                for spec in specs:
+                    t0 = time.perf_counter()
+                    res = run_worker(spec, args.timeout_s)
+                    res.pop("batches_file")
+                    res["wall_s"] = round(time.perf_counter() - t0, 2)
+                    res["round"] = rnd
+                    results.append(res)
+                    what = spec.get("optimizer", spec["kind"])
+                    status = res.get("error", "ok")
+                    print(
+                        f"  round {rnd} dim {d:>3} keys {human(k):>5} {what:<13} "
+                        f"{res['wall_s']:6.1f} s  {status}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     print()
     print(report(results))
     print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
