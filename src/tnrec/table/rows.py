@@ -235,9 +235,12 @@ def gather(bases, stride, shift, lmask, rows, D, out):  # pragma: no cover - com
 @nb.njit(nogil=True, cache=True, inline="always")
 def prefetch_row_r(bases, r, shift, lmask, stride, D):  # pragma: no cover - compiled
     """Start fetching the weights of row ``r`` (its first ``D`` slots) for reading."""
-    start = bases[r >> shift] + np.int64(r & lmask) * stride * 4
-    _prefetch_r(start)
-    _prefetch_r(start + D * 4 - 1)
+    a = bases[r >> shift] + np.int64(r & lmask) * stride * 4
+    end = a + D * 4 - 1
+    while a <= end:
+        _prefetch_r(a)
+        a += 64
+    _prefetch_r(end)
 
 
 @nb.njit(nogil=True, cache=True)
