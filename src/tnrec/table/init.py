@@ -203,17 +203,17 @@ def _tail(p, q):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def init_weights(c, l, key, table_seed, init_kind, param, D):  # pragma: no cover - compiled
-    """Write the initial weights of ``key`` into row ``l`` of chunk ``c``."""
+def init_weights(c, key, table_seed, init_kind, param, D):  # pragma: no cover - compiled
+    """Write the initial weights of ``key`` into the row at ``c`` (a float32 pointer)."""
     if init_kind == INIT_ZEROS:
         for j in range(D):
-            c[l, j] = np.float32(0.0)
+            c[j] = np.float32(0.0)
         return
     stream = mix64_scalar(np.uint64(key) ^ table_seed)
     if init_kind == INIT_UNIFORM:
         for j in range(D):
-            c[l, j] = np.float32((2.0 * _uniform01(stream, j) - 1.0) * param)
+            c[j] = np.float32((2.0 * _uniform01(stream, j) - 1.0) * param)
         return
     std = param / math.sqrt(D)
     for j in range(D):
-        c[l, j] = np.float32(_std_normal(_uniform_open01(stream, j)) * std)
+        c[j] = np.float32(_std_normal(_uniform_open01(stream, j)) * std)

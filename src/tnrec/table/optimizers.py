@@ -228,34 +228,35 @@ def optimizer_from_config(config: dict[str, Any]) -> SparseOptimizer:
 
 
 # ---------------------------------------------------------------------------
-# Row kernels. `c` is a float32 chunk, `ci` its int32 view, `l` the local row,
-# `g` the gradient matrix and `i` the gradient row; the state starts at column D.
+# Row kernels. `c` points at a row's float32 slots, `ci` at the same slots as
+# int32, `g` is the gradient matrix and `i` the gradient row; the state starts
+# at slot D.
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def update_row(kind, c, ci, l, g, i, hp, D):  # pragma: no cover - compiled
+def update_row(kind, c, ci, g, i, hp, D):  # pragma: no cover - compiled
     """Apply optimizer ``kind`` to one row."""
     lr = hp[0]
     if kind == KIND_SGD:
         for j in range(D):
-            c[l, j] = np.float32(np.float64(c[l, j]) - lr * np.float64(g[i, j]))
+            c[j] = np.float32(np.float64(c[j]) - lr * np.float64(g[i, j]))
     elif kind == KIND_ADAGRAD:
         eps = hp[2]
         gsq = 0.0
         for j in range(D):
             gj = np.float64(g[i, j])
             gsq += gj * gj
-        g2 = np.float64(c[l, D]) + gsq / D
-        c[l, D] = np.float32(g2)
+        g2 = np.float64(c[D]) + gsq / D
+        c[D] = np.float32(g2)
         step = lr / (eps + math.sqrt(g2))
         for j in range(D):
-            c[l, j] = np.float32(np.float64(c[l, j]) - step * np.float64(g[i, j]))
+            c[j] = np.float32(np.float64(c[j]) - step * np.float64(g[i, j]))
     elif kind == KIND_ADAM:
         b1 = hp[1]
         b2 = hp[2]
         eps = hp[3]
-        t = ci[l, 3 * D] + 1
-        ci[l, 3 * D] = t
+        t = ci[3 * D] + 1
+        ci[3 * D] = t
         c1 = 1.0
         c2 = 1.0
         if hp[4] != 0.0:
@@ -263,53 +264,53 @@ def update_row(kind, c, ci, l, g, i, hp, D):  # pragma: no cover - compiled
             c2 = 1.0 - b2**t
         for j in range(D):
             gj = np.float64(g[i, j])
-            m = b1 * np.float64(c[l, D + j]) + (1.0 - b1) * gj
-            v = b2 * np.float64(c[l, 2 * D + j]) + (1.0 - b2) * gj * gj
-            c[l, D + j] = np.float32(m)
-            c[l, 2 * D + j] = np.float32(v)
-            c[l, j] = np.float32(np.float64(c[l, j]) - lr * (m / c1) / (math.sqrt(v / c2) + eps))
+            m = b1 * np.float64(c[D + j]) + (1.0 - b1) * gj
+            v = b2 * np.float64(c[2 * D + j]) + (1.0 - b2) * gj * gj
+            c[D + j] = np.float32(m)
+            c[2 * D + j] = np.float32(v)
+            c[j] = np.float32(np.float64(c[j]) - lr * (m / c1) / (math.sqrt(v / c2) + eps))
     else:  # KIND_FTRL
         beta = hp[1]
         l1 = hp[2]
         l2 = hp[3]
         for j in range(D):
             gj = np.float64(g[i, j])
-            w = np.float64(c[l, j])
-            z = np.float64(c[l, D + j])
-            n = np.float64(c[l, 2 * D + j])
+            w = np.float64(c[j])
+            z = np.float64(c[D + j])
+            n = np.float64(c[2 * D + j])
             n_new = n + gj * gj
             sigma = (math.sqrt(n_new) - math.sqrt(n)) / lr
             z += gj - sigma * w
-            c[l, D + j] = np.float32(z)
-            c[l, 2 * D + j] = np.float32(n_new)
+            c[D + j] = np.float32(z)
+            c[2 * D + j] = np.float32(n_new)
             if abs(z) <= l1:
-                c[l, j] = np.float32(0.0)
+                c[j] = np.float32(0.0)
             else:
                 sz = 1.0 if z > 0 else -1.0
-                c[l, j] = np.float32(-(z - sz * l1) / ((beta + math.sqrt(n_new)) / lr + l2))
+                c[j] = np.float32(-(z - sz * l1) / ((beta + math.sqrt(n_new)) / lr + l2))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def init_state(kind, c, ci, l, hp, D, S):  # pragma: no cover - compiled
+def init_state(kind, c, ci, hp, D, S):  # pragma: no cover - compiled
     """Set the optimizer state of a freshly created row whose weights are written."""
     if kind == KIND_ADAGRAD:
-        c[l, D] = np.float32(hp[1])
+        c[D] = np.float32(hp[1])
     elif kind == KIND_ADAM:
         for j in range(2 * D):
-            c[l, D + j] = np.float32(0.0)
-        ci[l, 3 * D] = 0
+            c[D + j] = np.float32(0.0)
+        ci[3 * D] = 0
     elif kind == KIND_FTRL:
         # Solve w(z, n=0) = w0: z = -w0 * (beta/alpha + l2) - sign(w0) * l1.
         lr = hp[0]
         scale = hp[1] / lr + hp[3]
         l1 = hp[2]
         for j in range(D):
-            w0 = np.float64(c[l, j])
+            w0 = np.float64(c[j])
             if w0 == 0.0:
                 z = 0.0
             elif w0 > 0.0:
                 z = -w0 * scale - l1
             else:
                 z = -w0 * scale + l1
-            c[l, D + j] = np.float32(z)
-            c[l, 2 * D + j] = np.float32(0.0)
+            c[D + j] = np.float32(z)
+            c[2 * D + j] = np.float32(0.0)

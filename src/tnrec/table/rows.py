@@ -15,9 +15,10 @@ sharing its memory for the integer slots.
 The kernels do not index a numba typed List of chunks per row (a call into the
 list's C implementation plus a reference-count round trip, which cost more than
 the row's cache miss); they read ``bases``, an int64 array of the chunks' base
-addresses, and view one chunk as a ``[chunk_rows, stride]`` array with
-``numba.carray`` (no allocation, no reference count). The chunks themselves are
-owned by :attr:`RowStore.chunks`; a chunk is never freed while the store lives.
+addresses, and reach a row through a raw float32 / int32 pointer to its first
+slot (:func:`row_f32`, :func:`row_i32`; a ``numba.carray`` view of the chunk
+cost more than the row's copy). The chunks themselves are owned by
+:attr:`RowStore.chunks`; a chunk is never freed while the store lives.
 
 Rows freed by eviction go on a free list and are reused first.
 """
@@ -201,15 +202,25 @@ def prefetch_row(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def chunk_of(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
-    """Return the float32 ``[chunk_rows, stride]`` view of the chunk holding row ``r``."""
-    return nb.carray(_f32_ptr(bases[r >> shift]), (lmask + 1, stride))
+def row_address(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+    """Return the address of row ``r``'s first slot."""
+    return bases[r >> shift] + np.int64(r & lmask) * stride * 4
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def ichunk_of(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
-    """Return the int32 view of the chunk holding row ``r``."""
-    return nb.carray(_i32_ptr(bases[r >> shift]), (lmask + 1, stride))
+def row_f32(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+    """Return a float32 pointer to row ``r``'s slots (``c[j]`` is slot ``j``).
+
+    A raw pointer, not a ``numba.carray`` view of the chunk: building the
+    array struct cost ~17 ns a row, more than copying the row.
+    """
+    return _f32_ptr(row_address(bases, r, shift, lmask, stride))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def row_i32(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+    """Return an int32 pointer to row ``r``'s slots."""
+    return _i32_ptr(row_address(bases, r, shift, lmask, stride))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -219,10 +230,9 @@ def copy_weights(bases, stride, shift, lmask, r, D, out, i):  # pragma: no cover
         for j in range(D):
             out[i, j] = 0.0
     else:
-        c = chunk_of(bases, r, shift, lmask, stride)
-        l = r & lmask
+        c = row_f32(bases, r, shift, lmask, stride)
         for j in range(D):
-            out[i, j] = c[l, j]
+            out[i, j] = c[j]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -285,10 +295,9 @@ def gather_records(bases, stride, shift, lmask, rows, out):  # pragma: no cover 
     W = out.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
-        c = chunk_of(bases, r, shift, lmask, stride)
-        l = r & lmask
+        c = row_f32(bases, r, shift, lmask, stride)
         for j in range(W):
-            out[i, j] = c[l, j]
+            out[i, j] = c[j]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -297,10 +306,9 @@ def scatter_records(bases, stride, shift, lmask, rows, block):  # pragma: no cov
     W = block.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
-        c = chunk_of(bases, r, shift, lmask, stride)
-        l = r & lmask
+        c = row_f32(bases, r, shift, lmask, stride)
         for j in range(W):
-            c[l, j] = block[i, j]
+            c[j] = block[i, j]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -323,15 +331,14 @@ def create_rows(
     """Initialise new rows: weights from the initializer, fresh state and statistics."""
     for i in range(rows.shape[0]):
         r = rows[i]
-        c = chunk_of(bases, r, shift, lmask, stride)
-        ci = ichunk_of(bases, r, shift, lmask, stride)
-        l = r & lmask
-        init_weights(c, l, keys[i], table_seed, init_kind, init_param, D)
-        init_state(opt_kind, c, ci, l, hp, D, S)
-        c[l, D + S] = 0.0
-        c[l, D + S + 1] = 0.0
-        ci[l, D + S + 2] = 0
-        ci[l, D + S + 3] = generation
+        c = row_f32(bases, r, shift, lmask, stride)
+        ci = row_i32(bases, r, shift, lmask, stride)
+        init_weights(c, keys[i], table_seed, init_kind, init_param, D)
+        init_state(opt_kind, c, ci, hp, D, S)
+        c[D + S] = 0.0
+        c[D + S + 1] = 0.0
+        ci[D + S + 2] = 0
+        ci[D + S + 3] = generation
 
 
 @nb.njit(nogil=True, cache=True)
@@ -420,14 +427,13 @@ def count_key_duplicates(keys, rows, missing, bitmap):  # pragma: no cover - com
 def _apply_one(
     bases, stride, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen
 ):  # pragma: no cover
-    c = chunk_of(bases, r, shift, lmask, stride)
-    ci = ichunk_of(bases, r, shift, lmask, stride)
-    l = r & lmask
-    update_row(kind, c, ci, l, grads, i, hp, D)
-    c[l, D + S] += show[i]
-    c[l, D + S + 1] += click[i]
-    ci[l, D + S + 2] = 0
-    ci[l, D + S + 3] = gen
+    c = row_f32(bases, r, shift, lmask, stride)
+    ci = row_i32(bases, r, shift, lmask, stride)
+    update_row(kind, c, ci, grads, i, hp, D)
+    c[D + S] += show[i]
+    c[D + S + 1] += click[i]
+    ci[D + S + 2] = 0
+    ci[D + S + 3] = gen
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -508,13 +514,12 @@ def decay(slots, bases, stride, shift, lmask, factor, delta_days, base):  # prag
         r = slots[s, 2]
         if r < 0:
             continue
-        c = chunk_of(bases, r, shift, lmask, stride)
-        ci = ichunk_of(bases, r, shift, lmask, stride)
-        l = r & lmask
-        c[l, base] = np.float32(np.float64(c[l, base]) * factor)
-        c[l, base + 1] = np.float32(np.float64(c[l, base + 1]) * factor)
-        days = np.int64(ci[l, base + 2]) + delta_days
-        ci[l, base + 2] = np.int32(min(days, 2147483647))
+        c = row_f32(bases, r, shift, lmask, stride)
+        ci = row_i32(bases, r, shift, lmask, stride)
+        c[base] = np.float32(np.float64(c[base]) * factor)
+        c[base + 1] = np.float32(np.float64(c[base + 1]) * factor)
+        days = np.int64(ci[base + 2]) + delta_days
+        ci[base + 2] = np.int32(min(days, 2147483647))
 
 
 @nb.njit(nogil=True, cache=True)
@@ -538,11 +543,10 @@ def select_evict(
         r = slots[s, 2]
         if r < 0:
             continue
-        c = chunk_of(bases, r, shift, lmask, stride)
-        ci = ichunk_of(bases, r, shift, lmask, stride)
-        l = r & lmask
-        low_show = use_show and c[l, base] < show_threshold
-        stale = use_days and ci[l, base + 2] > max_days
+        c = row_f32(bases, r, shift, lmask, stride)
+        ci = row_i32(bases, r, shift, lmask, stride)
+        low_show = use_show and c[base] < show_threshold
+        stale = use_days and ci[base + 2] > max_days
         if combine_all:
             hit = (low_show or not use_show) and (stale or not use_days)
         else:
