@@ -1,0 +1,68 @@
+"""Pointer and prefetch intrinsics for the table kernels (LLVM IR through numba).
+
+``_f32_ptr(addr)`` / ``_i32_ptr(addr)`` turn an int64 address into a typed
+pointer that numba indexes like an array (``p[j]``) without building an array
+struct; ``_prefetch_r`` / ``_prefetch_w`` emit ``llvm.prefetch`` for a read or
+a write of the cache line at an address.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+def _f32_ptr_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    sig = types.CPointer(types.float32)(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+
+    return sig, codegen
+
+
+_f32_ptr: Any = intrinsic(_f32_ptr_typer)
+
+
+def _i32_ptr_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    sig = types.CPointer(types.int32)(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
+
+    return sig, codegen
+
+
+_i32_ptr: Any = intrinsic(_i32_ptr_typer)
+
+
+def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(write), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _prefetch_w_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Hint the CPU to fetch the cache line at ``addr`` for writing (``llvm.prefetch``)."""
+    return types.void(types.int64), _prefetch_codegen(1)
+
+
+_prefetch_w: Any = intrinsic(_prefetch_w_typer)
+
+
+def _prefetch_r_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Hint the CPU to fetch the cache line at ``addr`` for reading."""
+    return types.void(types.int64), _prefetch_codegen(0)
+
+
+_prefetch_r: Any = intrinsic(_prefetch_r_typer)
