@@ -16,28 +16,21 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 
-def _f32_ptr_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    sig = types.CPointer(types.float32)(types.int64)
+def _pointer_intrinsic(item: Any) -> Any:
+    """Return an intrinsic turning an int64 address into a ``CPointer(item)``."""
+    ptr_type = types.CPointer(item)
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+    def typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            return builder.inttoptr(args[0], context.get_value_type(ptr_type))
 
-    return sig, codegen
+        return ptr_type(types.int64), codegen
 
-
-_f32_ptr: Any = intrinsic(_f32_ptr_typer)
-
-
-def _i32_ptr_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    sig = types.CPointer(types.int32)(types.int64)
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
-
-    return sig, codegen
+    return intrinsic(typer)
 
 
-_i32_ptr: Any = intrinsic(_i32_ptr_typer)
+_f32_ptr: Any = _pointer_intrinsic(types.float32)
+_i32_ptr: Any = _pointer_intrinsic(types.int32)
 
 
 def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]
