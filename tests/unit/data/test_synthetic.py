@@ -14,8 +14,10 @@ from tnrec.data.synthetic import (
     CATEGORICAL_COLUMNS,
     NUMERIC_COLUMNS,
     SCHEMA,
+    V1_MODEL,
     GeneratedData,
     SyntheticConfig,
+    _DaySampler,
     generate,
     roc_auc,
 )
@@ -152,6 +154,78 @@ def test_optimal_auc_is_auc_of_p_true(small: GeneratedData) -> None:
     assert 0.65 < small.optimal_auc < 0.95
 
 
+def test_tail_shrinkage_narrows_rare_ids_weights() -> None:
+    cols = ((3, 0.5),)
+    cfg = SyntheticConfig(id_weight_stds=cols, id_weight_tail_rank=100, id_weight_tail_power=1.0)
+    sampler = _DaySampler(cfg)
+    head = np.arange(100, dtype=np.uint64)  # ranks 0..99: the full spread
+    tail = np.arange(10_000, 20_000, dtype=np.uint64)  # ranks >= 10,000: std * 100/(r+1)
+    np.testing.assert_allclose(sampler.id_weight_std(3, head), 0.5)
+    np.testing.assert_allclose(sampler.id_weight_std(3, tail), 0.5 * 100 / (tail + 1.0))
+    assert np.std(sampler.id_weight(3, tail)) < 0.05 * np.std(sampler.id_weight(3, head))
+    # Churned ids are numbered from the cardinality up: the smallest weights of all.
+    new = np.arange(10_000_000, 10_001_000, dtype=np.uint64)
+    assert np.abs(sampler.id_weight(3, new)).max() < 5e-5  # std 0.5 * 100 / 1e7
+    # None: every rank keeps the column's std (the version-1 model).
+    flat = _DaySampler(SyntheticConfig(id_weight_stds=cols, id_weight_tail_rank=None))
+    np.testing.assert_allclose(flat.id_weight_std(3, tail), 0.5)
+    assert np.std(flat.id_weight(3, tail)) == pytest.approx(0.5, rel=0.05)
+
+
+def test_cross_weights_are_low_rank_or_independent() -> None:
+    a = np.repeat(np.arange(30, dtype=np.uint64), 30)  # all 30 x 30 value pairs of C9 x C20
+    b = np.tile(np.arange(30, dtype=np.uint64), 30)
+    for rank in (1, 4):
+        w = _DaySampler(SyntheticConfig(cross_rank=rank)).cross_weight(9, a, 20, b, 0.4)
+        assert np.linalg.matrix_rank(w.reshape(30, 30), tol=1e-9) == rank
+        assert np.std(w) == pytest.approx(0.4, rel=0.25)
+    w = _DaySampler(SyntheticConfig(cross_rank=None)).cross_weight(9, a, 20, b, 0.4)
+    assert np.linalg.matrix_rank(w.reshape(30, 30), tol=1e-9) == 30
+    # Independent pair weights: knowing a row of pairs tells nothing of another.
+    m = w.reshape(30, 30)
+    assert abs(np.corrcoef(m[0], m[1])[0, 1]) < 0.5
+    assert np.std(w) == pytest.approx(0.4, rel=0.15)
+
+
+def test_numeric_effect_uses_the_written_value(tmp_path: Path) -> None:
+    effects = (0.0,) * 6 + (0.5,) + (0.0,) * 6  # only I7 acts
+    base = dict(
+        rows_per_day=5_000,
+        num_days=1,
+        test_rows=100,
+        numeric_effects=effects,
+        id_weight_stds=(),
+        crosses=(),
+    )
+    t = _read_day(generate(tmp_path / "v", SyntheticConfig(**base)).train_files["2024-05-10"])
+    i7 = t["I7"].to_numpy(zero_copy_only=False)  # float, NaN where missing
+    logit = np.log(t["p_true"].to_numpy() / (1.0 - t["p_true"].to_numpy()))
+    x = (np.log1p(i7) - 1.0) / 1.4  # I7: log_mean 1.0, log_std 1.4
+    ok = ~np.isnan(i7)
+    # The logit is bias + 0.5 * x exactly, and rows with equal values share it.
+    slope, icept = np.polyfit(x[ok], logit[ok], 1)
+    assert slope == pytest.approx(0.5, abs=1e-9)
+    np.testing.assert_allclose(logit[ok], icept + 0.5 * x[ok], atol=1e-9)
+    np.testing.assert_allclose(logit[~ok], icept, atol=1e-9)  # missing: 0
+    # The version-1 model acts on the latent z instead: equal values, other logits.
+    old = SyntheticConfig(**base, numeric_effect_on_value=False)
+    t = _read_day(generate(tmp_path / "z", old).train_files["2024-05-10"])
+    zero = t["I7"].to_numpy(zero_copy_only=False) == 0
+    assert np.ptp(t["p_true"].to_numpy()[zero]) > 0.01
+
+
+def test_version_1_model_reproduces_the_old_data(tmp_path: Path) -> None:
+    cfg = SyntheticConfig(rows_per_day=2_000, num_days=1, test_rows=1_000, seed=5, **V1_MODEL)
+    data = generate(tmp_path, cfg)
+    p = pq.read_table(data.train_files["2024-05-10"][0])["p_true"].to_numpy()
+    # Measured with version 1 of the generator (tnrec before the learnable defaults).
+    assert data.bias == pytest.approx(-2.853256404717115, rel=1e-9)
+    assert data.optimal_auc == pytest.approx(0.8591146332120283, rel=1e-9)
+    expected = [0.07990255961817944, 0.041243186039969515, 0.2889603175998414]
+    np.testing.assert_allclose(p[:3], expected, rtol=1e-9)
+    assert json.loads((tmp_path / "_synthetic.json").read_text())["version"] == 2
+
+
 def test_roc_auc_matches_sklearn_with_ties() -> None:
     sklearn_metrics = pytest.importorskip("sklearn.metrics")
     rng = np.random.default_rng(0)
@@ -204,6 +278,13 @@ def test_roc_auc_errors(labels: list, scores: list, match: str) -> None:
         ({"id_weight_stds": ((1, 0.1), (1, 0.2))}, r"`id_weight_stds` must be distinct"),
         ({"crosses": ((3, 3, 0.1),)}, r"`crosses` must be \(column a, column b != a"),
         ({"crosses": ((1, 2, -0.1),)}, r"`crosses` must be"),
+        ({"numeric_effect_on_value": 1}, r"`numeric_effect_on_value` must be a bool"),
+        ({"id_weight_tail_rank": 0}, r"`id_weight_tail_rank` must be an int in \[1, "),
+        ({"id_weight_tail_rank": 2.5}, r"`id_weight_tail_rank` must be an int"),
+        ({"id_weight_tail_power": 0.0}, r"`id_weight_tail_power` must be a float in \(0, 4\]"),
+        ({"id_weight_tail_power": True}, r"`id_weight_tail_power` must be a float"),
+        ({"cross_rank": 0}, r"`cross_rank` must be an int in \[1, 64\].*cross_rank=0"),
+        ({"cross_rank": 65}, r"`cross_rank` must be an int in \[1, 64\]"),
         (
             {"rows_per_day": 100_000_000, "num_days": 50},
             r"ids must fit in 32 bits",
