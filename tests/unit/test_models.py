@@ -208,16 +208,13 @@ def test_run_log_without_wrapped_data_and_errors(tmp_path):
 
 @pytest.mark.slow
 def test_deepfm_on_1m_synthetic_rows_vs_lr_and_optimal(tmp_path):
-    """Slow (~3 min, ``pytest -m slow``): default generator settings, 1M training rows.
+    """Slow (~2.5 min, ``pytest -m slow``): default generator settings, 1M training rows.
 
-    The issue asks for DeepFM within 0.01 of the optimal AUC and 0.01 above
-    LR. Neither is met (docs/models_cli.md, bench/synthetic_quality.py):
-    DeepFM 0.7603, LR 0.7611, optimal 0.8348. The first is out of reach at
-    1M rows: a Bayes oracle that knows every term of the logit except the
-    id's own weight, and estimates that by MAP under the true prior, reaches
-    0.7941 (optimal - 0.041). The crosses are worth +0.026 to that oracle,
-    but DeepFM does not learn them in one epoch. This pins the measured
-    levels, with margins, so a regression shows.
+    The issue's targets: DeepFM's test AUC within 0.01 of the optimal AUC and
+    at least 0.01 above LR on the same columns, with the settings of
+    ``bench/synthetic_quality.py`` (one epoch, batch 1024, Ftrl on the
+    tables). Measured: optimal 0.8198, DeepFM 0.8124, LR 0.7700
+    (docs/models_cli.md).
     """
     torch.set_num_threads(1)
     cfg = SyntheticConfig(rows_per_day=333_334)
@@ -231,12 +228,12 @@ def test_deepfm_on_1m_synthetic_rows_vs_lr_and_optimal(tmp_path):
     test = tn.data.read_parquet([str(p) for p in gen.test_files], cols, batch_size=8192)
     aucs = {}
     for name, params, sparse, dlr in [
-        ("lr", {}, tn.optimizer.Ftrl(0.1, beta=3e-4, l1=0.0, l2=0.0), 0.01),
+        ("lr", {}, tn.optimizer.Ftrl(0.1, beta=5e-3, l1=0.0, l2=0.0), 0.01),
         (
             "deepfm",
             {"embedding_dim": 16, "hidden_units": [256, 128]},
-            tn.optimizer.AdaGrad(0.01),
-            0.002,
+            tn.optimizer.Ftrl(0.05, beta=4e-3, l1=0.0, l2=4e-2),
+            0.001,
         ),
     ]:
         torch.manual_seed(0)
@@ -244,10 +241,9 @@ def test_deepfm_on_1m_synthetic_rows_vs_lr_and_optimal(tmp_path):
             name, cols, sparse_optimizer=sparse, dense_optimizer=tn.optimizer.Adam(dlr), **params
         )
         model.compile()
-        train = tn.data.read_parquet(files, cols, batch_size=4096, shuffle=True, seed=0)
+        train = tn.data.read_parquet(files, cols, batch_size=1024, shuffle=True, seed=0)
         model.fit(train, epochs=1, verbose=0)
         aucs[name] = model.evaluate(test, verbose=0, exact_auc=True)["auc_exact"]
     print(aucs, gen.optimal_auc)
-    assert aucs["lr"] > 0.755  # measured 0.7611
-    assert aucs["deepfm"] > 0.755  # measured 0.7603
-    assert aucs["deepfm"] > aucs["lr"] - 0.005
+    assert aucs["deepfm"] >= gen.optimal_auc - 0.01  # measured: optimal - 0.0075
+    assert aucs["deepfm"] >= aucs["lr"] + 0.01  # measured: LR + 0.042
