@@ -419,17 +419,22 @@ dir = "{data}"
 train_days = {days}
 test = "{data}/test/*.parquet"
 
+# The settings of bench/synthetic_quality.py (docs/models_cli.md): Ftrl with a
+# small beta keeps the weights of rarely seen ids small.
 [optimizer.sparse]
-type = "adagrad"
+type = "ftrl"
 learning_rate = 0.05
+beta = 0.004
+l1 = 0.0
+l2 = 0.04
 
 [optimizer.dense]
 type = "adam"
-learning_rate = 0.002
+learning_rate = 0.001
 
 [train]
 epochs = {epochs}
-batch_size = 2048
+batch_size = 1024
 log_every = 20
 """
 
