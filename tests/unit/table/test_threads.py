@@ -5,6 +5,8 @@ several slices; each test compares whole tables (weights, optimizer state,
 statistics) after the same calls with 1 thread and with 3.
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -138,7 +140,10 @@ def test_thread_count_arguments(monkeypatch):
     monkeypatch.setenv("TNREC_TABLE_THREADS", "3")
     assert threads._default_threads() == 3
     monkeypatch.delenv("TNREC_TABLE_THREADS")
-    alone = threads._default_threads()
-    assert 1 <= alone <= 4
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    assert threads._default_threads() == max(1, min(cpus, 4))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert threads._default_threads() == max(1, min(cpus // 2, 4))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")  # more workers than CPUs: one thread each
     assert threads._default_threads() == 1
