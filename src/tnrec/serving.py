@@ -122,7 +122,7 @@ class Predictor:
                     ]
                 )
                 out = np.empty((len(pooled_idx) * B, rows_.shape[1]), np.float32)  # [C*B, D]
-                _pool_forward(rows_, vids, offsets, scales, out)
+                _pool_forward(rows_, vids, offsets, scales, out.reshape(-1), B, False)
                 for n, k in enumerate(pooled_idx):
                     values[idx[k]] = torch.from_numpy(out[n * B : (n + 1) * B])
             for k, i in enumerate(idx):

@@ -31,6 +31,48 @@ class LayerStep:
     batch_size: int
 
 
+@dataclass
+class BagLayout:
+    """Columns of a batch as one run of ``C * B`` bags, column after column.
+
+    Bag ``c*B + b`` (column ``c``, row ``b``) is ``keys[offsets[c*B + b] :
+    offsets[c*B + b + 1]]``; column ``c``'s keys start at ``offsets[c*B]``.
+    Built once per step for each distinct column list (layers of two tables
+    over the same columns share it, and their de-duplication).
+    """
+
+    keys: npt.NDArray[np.int64]  # [N]
+    offsets: npt.NDArray[np.int64]  # [C*B + 1]
+    rows: npt.NDArray[np.int64]  # [N] the batch row of every key
+
+
+def bag_layout(batch: Any, columns: Sequence[str], layer: str | None = None) -> BagLayout:
+    """Return the :class:`BagLayout` of ``columns`` in ``batch`` (a few vectorised calls).
+
+    Raises:
+        ArgumentError: the batch lacks one of ``columns`` (naming ``layer``).
+    """
+    jags = []
+    for key in columns:
+        jag = batch.sparse.get(key)
+        if jag is None:
+            raise ArgumentError(
+                f'EmbeddingFeatures "{layer}": the batch has no categorical '
+                f"column {key!r}. Batch columns: {sorted(batch.sparse)}."
+            )
+        jags.append(jag)
+    B = batch.size
+    if not jags:
+        z = np.zeros(0, np.int64)
+        return BagLayout(z, np.zeros(1, np.int64), z)
+    lengths = np.diff(np.stack([j.offsets for j in jags]), axis=1).ravel()  # [C*B]
+    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    keys = np.concatenate([j.keys[j.offsets[0] : j.offsets[-1]] for j in jags])  # [N]
+    rows = np.repeat(np.tile(np.arange(B, dtype=np.int64), len(jags)), lengths)  # [N]
+    return BagLayout(keys.astype(np.int64, copy=False), offsets, rows)
+
+
 class EmbeddingFeatures(torch.nn.Module):
     """Embed categorical columns through one sparse table; pool each column per row.
 
@@ -141,7 +183,13 @@ class EmbeddingFeatures(torch.nn.Module):
             f"columns={[c.key for c in self.columns]}, dim={self.dim}, output={self.output!r}"
         )
 
-    def prepare(self, batch: Any, E: torch.Tensor, vids: npt.NDArray[np.int64]) -> None:
+    def prepare(
+        self,
+        batch: Any,
+        E: torch.Tensor,
+        vids: npt.NDArray[np.int64],
+        layout: BagLayout | None = None,
+    ) -> None:
         """Set up this layer's step from the virtual ids of its columns (called by the model).
 
         Args:
@@ -149,31 +197,47 @@ class EmbeddingFeatures(torch.nn.Module):
             E: the table's temporary matrix ``[U, D]``.
             vids: the virtual ids of this layer's keys, column after column in
                 ``self.columns`` order (``sum(N_c)``).
+            layout: the bags of ``self.columns`` in ``batch`` (built here if not given).
         """
         B = batch.size
-        pooled_vids, pooled_offsets, scales = [], [np.zeros(1, np.int64)], []
+        if layout is None:
+            layout = bag_layout(batch, [c.key for c in self.columns], self.name)
+        bag_offsets = layout.offsets  # [C*B + 1]
+        if not self.sequence_columns:  # every column pooled: the layout is the bags
+            lengths = np.diff(bag_offsets)  # [C*B]
+            combiners = {c.combiner for c in self.columns}
+            if len(combiners) == 1:
+                scales = bag_scales(lengths, combiners.pop())
+            else:
+                scales = np.concatenate(
+                    [
+                        bag_scales(lengths[c * B : (c + 1) * B], col.combiner)
+                        for c, col in enumerate(self.columns)
+                    ]
+                )
+            self._step = LayerStep(batch, E, vids, bag_offsets, scales, {}, B)
+            return
+        pooled_vids, pooled_offsets, scale_parts = [], [np.zeros(1, np.int64)], []
         sequences = {}
-        at = 0
         base = 0
-        for col in self.columns:
-            offsets = batch.offsets(col.key)
-            n = int(offsets[-1] - offsets[0])
-            v = vids[at : at + n]
-            at += n
+        for c, col in enumerate(self.columns):
+            lo, hi = int(bag_offsets[c * B]), int(bag_offsets[(c + 1) * B])
+            offsets = bag_offsets[c * B : (c + 1) * B + 1] - lo  # [B + 1]
+            v = vids[lo:hi]
             if col in self.sequence_columns:
-                keep, pos, lengths = sequence_positions(offsets, col.categorical.max_length)
-                sequences[col.key] = (v[keep], pos, torch.from_numpy(lengths))
+                keep, pos, kept = sequence_positions(offsets, col.categorical.max_length)
+                sequences[col.key] = (v[keep], pos, torch.from_numpy(kept))
                 continue
             pooled_vids.append(v)
-            pooled_offsets.append(offsets[1:] - offsets[0] + base)
-            scales.append(bag_scales(np.diff(offsets), col.combiner))
-            base += n
+            pooled_offsets.append(offsets[1:] + base)
+            scale_parts.append(bag_scales(np.diff(offsets), col.combiner))
+            base += hi - lo
         self._step = LayerStep(
             batch=batch,
             E=E,
             vids=np.concatenate(pooled_vids) if pooled_vids else np.zeros(0, np.int64),
             offsets=np.concatenate(pooled_offsets),
-            scales=np.concatenate(scales) if scales else np.zeros(0, np.float32),
+            scales=np.concatenate(scale_parts) if scale_parts else np.zeros(0, np.float32),
             sequences=sequences,
             batch_size=B,
         )
@@ -197,10 +261,12 @@ class EmbeddingFeatures(torch.nn.Module):
         B, D = step.batch_size, self.dim
         out: dict[str, Any] = {}
         if self.pooled_columns:
-            pooled = pool(step.E, step.vids, step.offsets, step.scales)  # [C*B, D]
+            if self.output == "concat":  # pooled in place: no [C, B, D] -> [B, C*D] copy
+                return pool(
+                    step.E, step.vids, step.offsets, step.scales, B, len(self.pooled_columns)
+                )
+            pooled = pool(step.E, step.vids, step.offsets, step.scales, B)  # [C*B, D]
             pooled = pooled.view(len(self.pooled_columns), B, D)  # [C, B, D]
-            if self.output == "concat":
-                return pooled.permute(1, 0, 2).reshape(B, len(self.pooled_columns) * D)  # [B, C*D]
             for c, col in enumerate(self.pooled_columns):
                 out[col.key] = pooled[c]  # [B, D]
         for col in self.sequence_columns:

@@ -13,6 +13,12 @@ A layer's columns become ``C * B`` bags over *virtual ids* (row numbers of
 Backward writes ``grad_E[v] += scales[j] * grad_out[j]`` for every occurrence,
 so ``E.grad`` is the per-key gradient summed over the step -- exactly what the
 table's push expects. Empty bags give zero rows.
+
+``concat_columns=C`` writes the same bags as ``out[B, C*D]`` (bag ``c*B + b``
+at ``out[b, c*D:(c+1)*D]``): the layout of ``output="concat"``, pooled there
+directly instead of pooling ``[C, B, D]`` and copying it through a
+``permute``, and read back the same way by the backward (no copy of the
+gradient either).
 """
 
 from __future__ import annotations
@@ -24,32 +30,83 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from tnrec.errors import ArgumentError
 
-@nb.njit(nogil=True, cache=True)
-def _pool_forward(E, vids, offsets, scales, out):  # pragma: no cover - compiled
-    D = E.shape[1]
-    for j in range(offsets.shape[0] - 1):
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _pool_bag(E, vids, lo, hi, s, out, o, D):  # pragma: no cover - compiled
+    """``out[o:o+D] = s * sum(E[vids[lo:hi]])`` (zeros for an empty bag)."""
+    if hi == lo:
         for d in range(D):
-            out[j, d] = 0.0
-        for k in range(offsets[j], offsets[j + 1]):
-            v = vids[k]
-            for d in range(D):
-                out[j, d] += E[v, d]
-        s = scales[j]
-        if s != 1.0:
-            for d in range(D):
-                out[j, d] *= s
+            out[o + d] = 0.0
+        return
+    v = vids[lo]
+    for d in range(D):
+        out[o + d] = E[v, d]
+    for k in range(lo + 1, hi):
+        v = vids[k]
+        for d in range(D):
+            out[o + d] += E[v, d]
+    if s != 1.0:
+        for d in range(D):
+            out[o + d] *= s
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _unpool_bag(grad_out, o, vids, lo, hi, s, grad_E, D):  # pragma: no cover - compiled
+    """``grad_E[vids[k]] += s * grad_out[o:o+D]`` for ``k`` in ``lo:hi``."""
+    for k in range(lo, hi):
+        v = vids[k]
+        for d in range(D):
+            grad_E[v, d] += s * grad_out[o + d]
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _pool_all(E, vids, offsets, scales, out, B, batch_major, D):  # pragma: no cover - compiled
+    C = (offsets.shape[0] - 1) // B if B > 0 else 0
+    for c in range(C):
+        for b in range(B):
+            j = c * B + b
+            o = (b * C + c) * D if batch_major else j * D
+            _pool_bag(E, vids, offsets[j], offsets[j + 1], scales[j], out, o, D)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _unpool_all(grad_out, vids, offsets, scales, grad_E, B, batch_major, D):  # pragma: no cover
+    C = (offsets.shape[0] - 1) // B if B > 0 else 0
+    for c in range(C):
+        for b in range(B):
+            j = c * B + b
+            o = (b * C + c) * D if batch_major else j * D
+            _unpool_bag(grad_out, o, vids, offsets[j], offsets[j + 1], scales[j], grad_E, D)
+
+
+# D = 1 (a linear part's weights) gets a loop nest of its own: with a trip
+# count the compiler knows, the inner loops vanish (3x faster). Wider D keeps
+# one nest over a runtime D: LLVM vectorises it behind a runtime alias check,
+# which beats a fully unrolled fixed D (the unrolled scatter-add re-reads
+# ``grad_out`` after every store it cannot prove does not alias it). The width
+# test sits outside the loops: inside, LLVM stops unswitching it.
 
 
 @nb.njit(nogil=True, cache=True)
-def _pool_backward(grad_out, vids, offsets, scales, grad_E):  # pragma: no cover - compiled
-    D = grad_out.shape[1]
-    for j in range(offsets.shape[0] - 1):
-        s = scales[j]
-        for k in range(offsets[j], offsets[j + 1]):
-            v = vids[k]
-            for d in range(D):
-                grad_E[v, d] += s * grad_out[j, d]
+def _pool_forward(E, vids, offsets, scales, out, B, batch_major):  # pragma: no cover - compiled
+    """Pool bag ``j = c*B + b`` into the flat ``out`` (see the module docstring)."""
+    D = E.shape[1]
+    if D == 1:
+        _pool_all(E, vids, offsets, scales, out, B, batch_major, 1)
+    else:
+        _pool_all(E, vids, offsets, scales, out, B, batch_major, D)
+
+
+@nb.njit(nogil=True, cache=True)
+def _pool_backward(grad_out, vids, offsets, scales, grad_E, B, batch_major):  # pragma: no cover
+    """``grad_E[v] += scales[j] * grad_out[block of bag j]`` for every occurrence ``v``."""
+    D = grad_E.shape[1]
+    if D == 1:
+        _unpool_all(grad_out, vids, offsets, scales, grad_E, B, batch_major, 1)
+    else:
+        _unpool_all(grad_out, vids, offsets, scales, grad_E, B, batch_major, D)
 
 
 def bag_scales(lengths: npt.NDArray[np.int64], combiner: str) -> npt.NDArray[np.float32]:
@@ -72,19 +129,27 @@ class PoolBags(torch.autograd.Function):
         vids: npt.NDArray[np.int64],
         offsets: npt.NDArray[np.int64],
         scales: npt.NDArray[np.float32],
+        batch_size: int,
+        concat_columns: int,
     ) -> torch.Tensor:
-        out = torch.empty((offsets.shape[0] - 1, E.shape[1]), dtype=torch.float32)  # [C*B, D]
-        _pool_forward(E.detach().numpy(), vids, offsets, scales, out.numpy())
-        ctx.bags = (vids, offsets, scales)
+        n, D = offsets.shape[0] - 1, E.shape[1]
+        batch_major = concat_columns > 0
+        shape = (batch_size, concat_columns * D) if batch_major else (n, D)
+        out = torch.empty(shape, dtype=torch.float32)  # [B, C*D] or [C*B, D]
+        flat = out.numpy().reshape(-1)
+        _pool_forward(E.detach().numpy(), vids, offsets, scales, flat, batch_size, batch_major)
+        ctx.bags = (vids, offsets, scales, batch_size, batch_major)
         ctx.num_rows = E.shape[0]
+        ctx.dim = D
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
-        vids, offsets, scales = ctx.bags
-        grad_E = torch.zeros((ctx.num_rows, grad_out.shape[1]), dtype=torch.float32)  # [U, D]
-        _pool_backward(grad_out.contiguous().numpy(), vids, offsets, scales, grad_E.numpy())
-        return grad_E, None, None, None
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        vids, offsets, scales, batch_size, batch_major = ctx.bags
+        grad_E = torch.zeros((ctx.num_rows, ctx.dim), dtype=torch.float32)  # [U, D]
+        flat = grad_out.contiguous().numpy().reshape(-1)
+        _pool_backward(flat, vids, offsets, scales, grad_E.numpy(), batch_size, batch_major)
+        return grad_E, None, None, None, None, None
 
 
 def pool(
@@ -92,9 +157,21 @@ def pool(
     vids: npt.NDArray[np.int64],
     offsets: npt.NDArray[np.int64],
     scales: npt.NDArray[np.float32],
+    batch_size: int,
+    concat_columns: int = 0,
 ) -> torch.Tensor:
-    """Return ``[num_bags, D]`` pooled rows of ``E`` (differentiable in ``E``)."""
-    return PoolBags.apply(E, vids, offsets, scales)  # type: ignore[no-any-return]
+    """Return the pooled rows of ``E`` (differentiable in ``E``).
+
+    ``[C*B, D]`` (bag ``c*B + b`` in row ``c*B + b``), or, given
+    ``concat_columns = C``, ``[B, C*D]`` (bag ``c*B + b`` at ``[b, c*D:(c+1)*D]``);
+    ``B = batch_size``. See the module docstring.
+    """
+    if concat_columns and offsets.shape[0] - 1 != concat_columns * batch_size:
+        raise ArgumentError(
+            f"pool: {offsets.shape[0] - 1} bags are not "
+            f"concat_columns={concat_columns} x batch_size={batch_size}."
+        )
+    return PoolBags.apply(E, vids, offsets, scales, batch_size, concat_columns)  # type: ignore[no-any-return]
 
 
 def sequence_positions(

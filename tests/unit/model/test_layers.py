@@ -95,6 +95,83 @@ def test_outputs_list_concat_dict_and_sequence(make_batch):
     assert float(g[list(tm.keys).index(7)].sum()) == 3.0
 
 
+@pytest.mark.parametrize("dim", [1, 3, 16])
+def test_concat_pools_in_place_and_matches_list_values_and_gradients(make_batch, dim):
+    """output='concat' pools straight into [B, C*D]; it equals the list output, concatenated."""
+    cols = [
+        fc.embedding_column(fc.category_column(n), dimension=dim, combiner=comb)
+        for n, comb in (("a", "sum"), ("b", "mean"), ("c", "sqrtn"))
+    ]
+    bags = {
+        "a": [[1], [2, 2], [], [3]],  # a repeated key, an empty bag
+        "b": [[4, 5, 6], [], [4], [7, 1]],  # key 1 also in column a
+        "c": [[8], [9, 8], [8, 9, 10], []],
+    }
+    batch = make_batch(bags, [0, 1, 0, 1])
+    upstream = torch.randn(4, 3 * dim, generator=torch.Generator().manual_seed(0))
+    outs, grads = {}, {}
+    for output in ("concat", "list"):
+        m = OneLayer(cols, output=output, initializer=tn.table.normal(1.0))
+        m.train()
+        tm = m.pull(batch)["emb"]
+        out = m(batch)
+        out = out if output == "concat" else torch.cat(out, dim=1)
+        assert out.shape == (4, 3 * dim) and out.is_contiguous()
+        (out * upstream).sum().backward()
+        outs[output] = out.detach()
+        grads[output] = dict(zip(tm.keys.tolist(), tm.E.grad.numpy().copy(), strict=True))
+    torch.testing.assert_close(outs["concat"], outs["list"], rtol=0, atol=0)
+    assert grads["concat"].keys() == grads["list"].keys()
+    for k, g in grads["concat"].items():
+        np.testing.assert_allclose(g, grads["list"][k], rtol=1e-6, atol=1e-6)
+    # reference: row 1 of column b is empty (zeros); row 2 of column c is sqrtn of 3 keys
+    m = OneLayer(cols, output="concat", initializer=tn.table.normal(1.0))
+    tm = m.pull(batch)["emb"]
+    rows = {int(k): tm.E[i].detach() for i, k in enumerate(tm.keys)}
+    out = m(batch).detach()
+    np.testing.assert_array_equal(out[1, dim : 2 * dim].numpy(), 0.0)
+    torch.testing.assert_close(out[2, 2 * dim :], (rows[8] + rows[9] + rows[10]) / 3**0.5)
+    torch.testing.assert_close(out[0, dim : 2 * dim], (rows[4] + rows[5] + rows[6]) / 3)
+
+
+def test_concat_of_an_empty_batch_keeps_its_width(make_batch):
+    m = OneLayer(emb_cols(["a", "b"], dim=5), output="concat")
+    batch = make_batch({"a": [], "b": []}, [])
+    m.train()
+    m.pull(batch)
+    out = m(batch)
+    assert out.shape == (0, 10)
+    out.sum().backward()  # a zero-row gradient reaches the kernel
+
+
+def test_two_tables_over_the_same_columns_share_one_dedup(make_batch):
+    """DeepFM's embedding and linear tables read the same columns: one layout, one dedup."""
+
+    class TwoTables(tn.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = tn.layers.EmbeddingFeatures(emb_cols(["x", "y"], dim=2), SGD(1.0))
+            self.lin = tn.layers.EmbeddingFeatures(emb_cols(["x", "y"], dim=1), SGD(1.0))
+
+        def forward_dense(self, pooled, dense):
+            return pooled["emb"][0].sum(1) + pooled["lin"][1].sum(1)
+
+    m = TwoTables()
+    m.compile(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0), loss="mse")
+    batch = make_batch({"x": [[7], [8, 7]], "y": [[9], []]}, [0.0, 0.0])
+    step = m.pull(batch)
+    emb, lin = step["emb"], step["lin"]
+    assert emb.keys is lin.keys and emb.inverse is lin.inverse  # computed once
+    assert emb.keys.tolist() == [7, 8, 9] and emb.inverse.tolist() == [0, 1, 0, 2]
+    assert emb.rows.tolist() == [0, 1, 1, 0]
+    m(batch).sum().backward()
+    assert emb.E.grad[:, 0].tolist() == [2.0, 1.0, 0.0]  # x only: key 7 twice
+    assert lin.E.grad[:, 0].tolist() == [0.0, 0.0, 1.0]  # y only
+    m.push()
+    assert m.tables["emb"].rows()["show"].tolist() == [2, 1, 1]
+    assert m.tables["lin"].rows()["show"].tolist() == [2, 1, 1]
+
+
 def test_shared_table_pulls_and_pushes_each_key_once(make_batch):
     class Shared(tn.Model):
         def __init__(self):
