@@ -495,6 +495,9 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
+    # Repeat r seeds torch with r in every implementation: a run is reproducible,
+    # and within a repeat the dense layers (built first, in the same order) start equal.
+    torch.manual_seed(args.seed)
     from tnrec.data.synthetic import roc_auc
 
     if args.model == "deepfm":
@@ -592,12 +595,13 @@ def _has_torchrec() -> str | None:
     return f"TorchRec not importable ({last}); run bench/requirements-torchrec.sh"
 
 
-def _child(model: str, impl: str, a: argparse.Namespace, data: str) -> dict[str, Any]:
+def _child(model: str, impl: str, a: argparse.Namespace, data: str, seed: int) -> dict[str, Any]:
     steps = a.steps if model != "deepfm" else a.deepfm_steps
     cmd = [
         sys.executable, __file__, "--child", "--model", model, "--impl", impl,
         "--threads", str(a.threads), "--steps", str(steps),
         "--test-steps", str(a.test_steps), "--warmup", str(a.warmup), "--data", data,
+        "--seed", str(seed),
     ]  # fmt: skip
     if impl == "tnrec" and (a.split or a.split_only):
         cmd += ["--split"]
@@ -618,20 +622,36 @@ def _fmt_range(v: list[float], scale: float = 1e-3, digits: int = 1) -> str:
     return f"{med:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
 
 
+def _paired(num: list[dict], den: list[dict], key: str) -> list[float]:
+    """``num[r][key] / den[r][key]`` for each repeat ``r`` both finished."""
+    return [
+        x[key] / y[key]
+        for x, y in zip(num, den, strict=False)
+        if "error" not in x and "error" not in y
+    ]
+
+
+def _fmt_ratio(v: list[float], suffix: str = "") -> str:
+    if not v:
+        return "-"
+    return f"{np.median(v):.2f}{suffix} ({min(v):.2f}-{max(v):.2f})"
+
+
 def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> str:
     lines = [
         "samples/s in thousands: median (min-max) of the interleaved repeats; step ms: median "
         "step; AUC on the held-out split after one pass (median); peak RSS of the run's process "
-        "(MiB, median)",
+        "(MiB, median); the ratios are taken within each repeat (its runs ran one after "
+        "another), then the median (min-max) over the repeats",
         "",
         "model   impl      ksamples/s               step ms  AUC     collisions  peak RSS  "
-        "vs tnrec  step/dense",
+        "vs tnrec            step/dense",
         "------  --------  -----------------------  -------  ------  ----------  --------  "
-        "--------  ----------",
+        "------------------  ----------------",
     ]
     for model, by_impl in results.items():
-        tn_sps = [r["samples_per_s"] for r in by_impl.get("tnrec", []) if "error" not in r]
-        dense_ms = [r["step_ms_median"] for r in by_impl.get("dense", []) if "error" not in r]
+        tn_runs = by_impl.get("tnrec", [])
+        dense_runs = by_impl.get("dense", [])
         for impl in IMPLS:
             runs = by_impl.get(impl)
             if runs is None:
@@ -647,12 +667,13 @@ def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> st
             auc = f"{np.median([r['auc'] for r in ok]):.4f}" if "auc" in ok[0] else "-"
             coll = f"{100 * ok[0]['collision_rate']:.1f}%" if "collision_rate" in ok[0] else "0"
             rss = float(np.median([r["peak_rss_mib"] for r in ok]))
-            ratio = f"{np.median(tn_sps) / np.median(sps):.2f}x" if tn_sps else "-"
-            # (the ratio of medians; each repeat's runs are interleaved, so they saw similar load)
-            over = f"{ms / np.median(dense_ms):.2f}" if dense_ms and impl != "dense" else "-"
+            ratio = _fmt_ratio(_paired(tn_runs, runs, "samples_per_s"), "x")
+            over = (
+                _fmt_ratio(_paired(runs, dense_runs, "step_ms_median")) if impl != "dense" else "-"
+            )
             lines.append(
                 f"{model:6}  {impl:8}  {_fmt_range(sps):23}  {ms:7.2f}  {auc:6}  {coll:>10}  "
-                f"{rss:8.0f}  {ratio:>8}  {over:>10}"
+                f"{rss:8.0f}  {ratio:>18}  {over:>16}"
             )
     lines.append("")
     lines.append("vs tnrec = tnrec samples/s / this row's samples/s (> 1: tnrec faster)")
@@ -689,6 +710,7 @@ def main() -> int:
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--impl", help=argparse.SUPPRESS)
     p.add_argument("--data", default="", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         print(json.dumps(run_one(a)))
@@ -708,7 +730,7 @@ def main() -> int:
     for model in models:
         for r in range(repeats):
             for impl in impls:
-                res = _child(model, impl, a, str(data_dir))
+                res = _child(model, impl, a, str(data_dir), r)
                 results[model][impl].append(res)
                 msg = res.get("error", "").splitlines()[-1:] or [
                     f"{res['samples_per_s'] / 1e6:.3f} M samples/s"
