@@ -540,9 +540,32 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         res["auc"] = roc_auc(y, p)
     if args.impl == "tnrec" and args.split:
         res["split_ms"] = tnrec_split(impl.model, train[-args.split_steps :])
+        fresh = TnrecImpl(args.model)  # a first pass again: new keys get their rows created
+        if args.model != "deepfm":
+            fresh.prefill(base_keys)
+        res["alternating_ms"] = alternating(fresh, DenseImpl(args.model, train[0]), train)
     res["rss_after_data_mib"] = rss_data
     res["peak_rss_mib"] = _rss_mib("VmHWM")
     return res
+
+
+def alternating(impl: Any, dense: Any, batches: list) -> dict[str, float]:
+    """Median ms of tnrec's step and the dense-only step, run alternately in one process.
+
+    Two processes run back to back still see different load on a shared
+    machine (their ratio swung 0.7-1.4 between repeats); steps alternating in
+    one process see the same, so their ratio is the steadier overhead figure.
+    """
+    times: dict[str, list[float]] = {"tnrec": [], "dense": []}
+    for i, b in enumerate(batches):
+        order = [("tnrec", impl), ("dense", dense)]
+        for name, runner in order if i % 2 else order[::-1]:
+            t0 = time.perf_counter()
+            runner.train_step(b)
+            times[name].append(time.perf_counter() - t0)
+    out = {k: 1e3 * float(np.median(v[1:])) for k, v in times.items()}
+    out["ratio"] = out["tnrec"] / out["dense"]
+    return out
 
 
 def tnrec_split(model: Any, batches: list) -> dict[str, float]:
@@ -687,6 +710,15 @@ def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> st
                     + (f"; prefill {r['prefill_s']:.1f} s" if "prefill_s" in r else "")
                 )
                 break
+        alt = [r["alternating_ms"] for r in by_impl.get("tnrec", []) if "alternating_ms" in r]
+        if alt:
+            ratios = [x["ratio"] for x in alt]
+            lines.append(
+                f"tnrec {model} step / dense-only step, alternating in one process "
+                f"(a fresh model, one pass): {_fmt_ratio(ratios)}; ms "
+                f"{np.median([x['tnrec'] for x in alt]):.2f} / "
+                f"{np.median([x['dense'] for x in alt]):.2f}"
+            )
     return "\n".join(lines)
 
 
