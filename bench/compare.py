@@ -538,14 +538,14 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         y = np.concatenate([b.labels[:, 0] for b in test])
         p = np.concatenate([impl.predict(b) for b in test])
         res["auc"] = roc_auc(y, p)
+    res["rss_after_data_mib"] = rss_data
+    res["peak_rss_mib"] = _rss_mib("VmHWM")  # before the split's second model
     if args.impl == "tnrec" and args.split:
         res["split_ms"] = tnrec_split(impl.model, train[-args.split_steps :])
         fresh = TnrecImpl(args.model)  # a first pass again: new keys get their rows created
         if args.model != "deepfm":
             fresh.prefill(base_keys)
         res["alternating_ms"] = alternating(fresh, DenseImpl(args.model, train[0]), train)
-    res["rss_after_data_mib"] = rss_data
-    res["peak_rss_mib"] = _rss_mib("VmHWM")
     return res
 
 
