@@ -50,8 +50,10 @@ def bag_layout(batch: Any, columns: Sequence[str], layer: str | None = None) -> 
     """Return the :class:`BagLayout` of ``columns`` in ``batch`` (a few vectorised calls).
 
     Raises:
-        ArgumentError: the batch lacks one of ``columns`` (naming ``layer``).
+        ArgumentError: the batch lacks one of ``columns``, or a column's offsets
+            do not match the batch's rows (naming ``layer`` and the column).
     """
+    B = batch.size
     jags = []
     for key in columns:
         jag = batch.sparse.get(key)
@@ -60,8 +62,12 @@ def bag_layout(batch: Any, columns: Sequence[str], layer: str | None = None) -> 
                 f'EmbeddingFeatures "{layer}": the batch has no categorical '
                 f"column {key!r}. Batch columns: {sorted(batch.sparse)}."
             )
+        if jag.offsets.shape != (B + 1,):
+            raise ArgumentError(
+                f'EmbeddingFeatures "{layer}": column {key!r} has offsets of shape '
+                f"{jag.offsets.shape}; a batch of {B} rows needs ({B + 1},)."
+            )
         jags.append(jag)
-    B = batch.size
     if not jags:
         z = np.zeros(0, np.int64)
         return BagLayout(z, np.zeros(1, np.int64), z)
