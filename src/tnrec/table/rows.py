@@ -133,21 +133,31 @@ def lookup_rows(slots, keys, rows):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def prefetch_row(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
-    """Start fetching every cache line of row ``r`` (for an update that follows)."""
-    start = bases[r >> shift] + np.int64(r & lmask) * stride * 4
-    end = start + stride * 4 - 1
-    a = start
-    while a <= end:
-        _prefetch_w(a)
-        a += 64
-    _prefetch_w(end)
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
 def row_address(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
     """Return the address of row ``r``'s first slot."""
     return bases[r >> shift] + np.int64(r & lmask) * stride * 4
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def prefetch_span(a, nbytes, write):  # pragma: no cover - compiled
+    """Start fetching every cache line of ``[a, a + nbytes)`` (for a write or a read)."""
+    end = a + nbytes - 1
+    while a <= end:
+        if write:
+            _prefetch_w(a)
+        else:
+            _prefetch_r(a)
+        a += 64
+    if write:  # the last line, when the span starts inside a line and spills into one more
+        _prefetch_w(end)
+    else:
+        _prefetch_r(end)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def prefetch_row(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+    """Start fetching every cache line of row ``r`` (for an update that follows)."""
+    prefetch_span(row_address(bases, r, shift, lmask, stride), stride * 4, True)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -188,12 +198,7 @@ def gather(bases, stride, shift, lmask, rows, D, out):  # pragma: no cover - com
 @nb.njit(nogil=True, cache=True, inline="always")
 def prefetch_row_r(bases, r, shift, lmask, stride, D):  # pragma: no cover - compiled
     """Start fetching the weights of row ``r`` (its first ``D`` slots) for reading."""
-    a = bases[r >> shift] + np.int64(r & lmask) * stride * 4
-    end = a + D * 4 - 1
-    while a <= end:
-        _prefetch_r(a)
-        a += 64
-    _prefetch_r(end)
+    prefetch_span(row_address(bases, r, shift, lmask, stride), D * 4, False)
 
 
 @nb.njit(nogil=True, cache=True)
