@@ -686,10 +686,8 @@ class _DaySampler:
 
     def numeric_feature(self, j: int, values: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """Return ``x_j = (log1p(value) - log_mean_j) / log_std_j`` ``[B]`` of written values."""
-        c = self.c
-        return (np.log1p(values.astype(np.float64)) - c.numeric_log_means[j]) / c.numeric_log_stds[
-            j
-        ]
+        mean, std = self.c.numeric_log_means[j], self.c.numeric_log_stds[j]
+        return (np.log1p(values.astype(np.float64)) - mean) / std
 
     def numeric(
         self, day: int, j: int, n: int

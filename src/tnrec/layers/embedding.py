@@ -194,7 +194,7 @@ class EmbeddingFeatures(torch.nn.Module):
         batch: Any,
         E: torch.Tensor,
         vids: npt.NDArray[np.int64],
-        layout: BagLayout | None = None,
+        layout: BagLayout,
     ) -> None:
         """Set up this layer's step from the virtual ids of its columns (called by the model).
 
@@ -203,11 +203,9 @@ class EmbeddingFeatures(torch.nn.Module):
             E: the table's temporary matrix ``[U, D]``.
             vids: the virtual ids of this layer's keys, column after column in
                 ``self.columns`` order (``sum(N_c)``).
-            layout: the bags of ``self.columns`` in ``batch`` (built here if not given).
+            layout: the bags of ``self.columns`` in ``batch`` (:func:`bag_layout`).
         """
         B = batch.size
-        if layout is None:
-            layout = bag_layout(batch, [c.key for c in self.columns], self.name)
         bag_offsets = layout.offsets  # [C*B + 1]
         if not self.sequence_columns:  # every column pooled: the layout is the bags
             lengths = np.diff(bag_offsets)  # [C*B]
