@@ -553,7 +553,7 @@ def alternating(impl: Any, dense: Any, batches: list) -> dict[str, float]:
     """Median ms of tnrec's step and the dense-only step, run alternately in one process.
 
     Two processes run back to back still see different load on a shared
-    machine (their ratio swung 0.7-1.4 between repeats); steps alternating in
+    machine (their ratio swung 0.73-1.47 between repeats); steps alternating in
     one process see the same, so their ratio is the steadier overhead figure.
     """
     times: dict[str, list[float]] = {"tnrec": [], "dense": []}

@@ -82,11 +82,12 @@ def _unpool_all(grad_out, vids, offsets, scales, grad_E, B, batch_major, D):  # 
 
 
 # D = 1 (a linear part's weights) gets a loop nest of its own: with a trip
-# count the compiler knows, the inner loops vanish (3x faster). Wider D keeps
-# one nest over a runtime D: LLVM vectorises it behind a runtime alias check,
-# which beats a fully unrolled fixed D (the unrolled scatter-add re-reads
-# ``grad_out`` after every store it cannot prove does not alias it). The width
-# test sits outside the loops: inside, LLVM stops unswitching it.
+# count the compiler knows, the inner loops vanish (measured 3x faster, 106k
+# bags). Wider D keeps one nest over a runtime D: nests fixed at D = 16 were no
+# faster forward and 1.5x slower backward (likely because the unrolled
+# scatter-add cannot prove ``grad_E`` and ``grad_out`` apart and reloads after
+# each store). The width test sits outside the loops: with five widths tested
+# inside them the forward got 2-4x slower.
 
 
 @nb.njit(nogil=True, cache=True)
