@@ -40,6 +40,10 @@ class FormatVersionError(CheckpointError):
     """A file was written in a format version this tnrec does not read."""
 
 
+class WriteError(TnrecError, OSError):
+    """A file cannot be written (disk full, read-only file system, permissions, a lock held)."""
+
+
 class MismatchError(CheckpointError):
     """A saved object does not match what it is loaded into (dim, optimizer, spec...)."""
 

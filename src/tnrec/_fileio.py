@@ -1,0 +1,378 @@
+"""Durable file IO: the one module that writes, publishes, checksums and reads back tnrec's files.
+
+Every file tnrec writes and later reads back (tables, checkpoint manifests and
+pointers, ``model.json``, exports) goes through here, so the rules live in one
+place:
+
+* a write goes to a file that is flushed and fsynced; a failed write (disk
+  full, read-only file system, permissions) raises :class:`~tnrec.errors.WriteError`
+  naming the path, never numpy's or the OS's bare message;
+* a file or directory becomes visible only by a rename (``publish``), after
+  which its parent directory is fsynced;
+* a JSON document that tnrec reads back carries ``format``, ``format_version``
+  and ``checksum`` (the sha256 of its canonical form without the checksum).
+  A single flipped bit anywhere in the file changes either the document or the
+  checksum, so :func:`read_versioned_json` refuses it instead of acting on a
+  silently changed value. Its schema is checked in one place, naming the file
+  and the field;
+* ``model_dir`` locks (:class:`DirLock`) are ``fcntl`` locks that the kernel
+  releases when the process dies.
+
+A second storage backend plugs in here: callers pass paths and never touch
+``open``/``os.rename`` for a file that is read back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+from tnrec.errors import (
+    CheckpointError,
+    ChecksumError,
+    FormatVersionError,
+    WriteError,
+)
+
+CHECKSUM = "checksum"
+VERSION_KEY = "format_version"
+_HASH = "sha256:"
+
+# ---------------------------------------------------------------- crash-test hook
+
+_kill_hits: dict[str, int] = {}
+
+
+def kill_point(name: str) -> None:
+    """Die here with SIGKILL at the ``TNREC_KILL_HIT``-th (default 1st) pass through the
+    point ``TNREC_KILL_AT`` names (crash tests only; nothing happens without them)."""
+    if os.environ.get("TNREC_KILL_AT") == name:
+        _kill_hits[name] = _kill_hits.get(name, 0) + 1
+        if _kill_hits[name] >= int(os.environ.get("TNREC_KILL_HIT", "1")):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fault_point(path: str) -> None:
+    """Raise ``OSError(ENOSPC)`` when ``TNREC_FAIL_WRITE`` is a substring of ``path``
+    (disk-full tests only; nothing happens without it)."""
+    needle = os.environ.get("TNREC_FAIL_WRITE")
+    if needle and needle in path:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def write_error(path: str, e: OSError) -> WriteError:
+    """Return the WriteError for a failed write of ``path`` (what to do next included)."""
+    why = os.strerror(e.errno) if e.errno else str(e)
+    hint = ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = " Free space on that file system and run again; the previous checkpoint is intact."
+    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = " Choose a writable directory."
+    return WriteError(f"Cannot write {path}: {why}.{hint}")
+
+
+def write_file(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """Create ``path`` with ``write(f)``, flush and fsync it.
+
+    Raises:
+        WriteError: the file cannot be written (names it and why).
+    """
+    try:
+        _fault_point(path)
+        with open(path, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Create ``path`` holding ``data``, fsynced (see :func:`write_file`)."""
+    write_file(path, lambda f: f.write(data))
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory, so renames and new entries in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, with a clear error when a file is in the way.
+
+    Raises:
+        WriteError: ``path`` or a parent is a file, or cannot be created.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise WriteError(f"Cannot create directory {path}: a file of that name exists.") from None
+    except OSError as e:
+        raise write_error(path, e) from None
+    if not os.path.isdir(path):
+        raise WriteError(f"Cannot create directory {path}: a file of that name exists.")
+
+
+def publish(tmp: str, final: str) -> None:
+    """Rename ``tmp`` to ``final`` (a file, or a directory that does not exist yet) and fsync
+    the parent, so that ``final`` appears whole or not at all.
+
+    Raises:
+        WriteError: the rename fails.
+    """
+    try:
+        _fault_point(final)
+        os.replace(tmp, final) if os.path.isfile(tmp) else os.rename(tmp, final)
+        fsync_dir(os.path.dirname(final) or ".")
+    except OSError as e:
+        raise write_error(final, e) from None
+
+
+# ---------------------------------------------------------------- checksums
+
+
+def sha256_file(path: str) -> str:
+    """Return the hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_file(full: str, digest: str, kind: str, manifest: str) -> str:
+    """Return ``full`` if it exists and its sha256 is ``digest``; raise naming the file otherwise.
+
+    Raises:
+        CheckpointError: the file is missing or unreadable.
+        ChecksumError: its content does not match ``manifest``.
+    """
+    if not os.path.isfile(full):
+        raise CheckpointError(f"{kind} file {full} is missing.")
+    try:
+        actual = sha256_file(full)
+    except OSError as e:
+        raise CheckpointError(f"Cannot read {kind.lower()} file {full}: {e}.") from None
+    if actual != digest:
+        raise ChecksumError(f"{kind} file {full} is corrupt: its sha256 does not match {manifest}.")
+    return full
+
+
+# ---------------------------------------------------------------- JSON documents
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in doc.items() if k != CHECKSUM}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def dumps_checked(doc: dict[str, Any]) -> bytes:
+    """Return ``doc`` as indented JSON bytes with its ``checksum`` field set."""
+    out = {k: v for k, v in doc.items() if k != CHECKSUM}
+    out[CHECKSUM] = _HASH + hashlib.sha256(_canonical(out)).hexdigest()
+    return json.dumps(out, indent=2, sort_keys=True, allow_nan=False).encode()
+
+
+def write_json(path: str, doc: dict[str, Any], *, atomic: bool = True) -> None:
+    """Write ``doc`` (with its checksum) to ``path``: fsynced, and with ``atomic`` published
+    by rename from a temporary sibling, so a reader sees the old or the new file whole.
+
+    Raises:
+        WriteError: the file cannot be written.
+    """
+    data = dumps_checked(doc)
+    if not atomic:
+        write_bytes(path, data)
+        return
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        write_bytes(tmp, data)
+        publish(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
+def read_json(path: str, what: str = "file") -> Any:
+    """Parse the JSON file ``path``; every failure is a CheckpointError naming it.
+
+    Args:
+        path: the file.
+        what: what the file is, for messages (``"checkpoint manifest"``).
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"The {what} {path} is missing.") from None
+    except OSError as e:
+        raise CheckpointError(f"Cannot read the {what} {path}: {e}.") from None
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(
+            f"The {what} {path} is damaged (not valid JSON: {e}); restore it or write it anew."
+        ) from None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_versioned_json(
+    path: str,
+    kind: str,
+    version: int,
+    *,
+    what: str | None = None,
+    legacy: Callable[[dict[str, Any]], bool] | None = None,
+) -> dict[str, Any]:
+    """Read a tnrec JSON document, checking its ``format``, ``format_version`` and checksum.
+
+    Args:
+        path: the file.
+        kind: the expected ``format`` field (``"tnrec.checkpoint"``).
+        version: the ``format_version`` this tnrec writes.
+        what: what the file is, for messages (default: ``kind``).
+        legacy: if given and it returns True for the parsed document, the document is
+            an older format written before checksums, accepted as it is (the caller
+            checks its fields).
+
+    Returns:
+        The document without its ``checksum`` field.
+
+    Raises:
+        CheckpointError: missing, unreadable or not a ``kind`` document;
+            ChecksumError: its content does not match its checksum;
+            FormatVersionError: another format version.
+    """
+    what = what or kind
+    doc = read_json(path, what)
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"The {what} {path} is damaged: not a JSON object.")
+    if legacy is not None and legacy(doc):
+        return doc
+    if doc.get("format") != kind:
+        raise CheckpointError(
+            f"The {what} {path} is damaged or not a {kind} document "
+            f"(format {doc.get('format')!r})."
+        )
+    if doc.get(VERSION_KEY) != version:
+        raise FormatVersionError(
+            f"{path}: {VERSION_KEY} {doc.get(VERSION_KEY)!r} is not supported "
+            f"(this tnrec reads {version})."
+        )
+    stored = doc.get(CHECKSUM)
+    actual = _HASH + hashlib.sha256(_canonical(doc)).hexdigest()
+    if stored != actual:
+        raise ChecksumError(
+            f"The {what} {path} is corrupt: its content does not match its checksum; "
+            "restore it from a copy or write it anew."
+        )
+    return {k: v for k, v in doc.items() if k != CHECKSUM}
+
+
+# ---------------------------------------------------------------- schema checks
+
+
+def field(doc: dict[str, Any], name: str, typ: type | tuple[type, ...], where: str) -> Any:
+    """Return ``doc[name]`` if it has type ``typ``; raise naming the file and the field.
+
+    ``bool`` is never accepted where ``int`` or ``float`` is asked for, and a float
+    must be finite.
+
+    Raises:
+        CheckpointError: the field is missing or has another type.
+    """
+    if name not in doc:
+        raise CheckpointError(f"{where}: field {name!r} is missing.")
+    value = doc[name]
+    types = typ if isinstance(typ, tuple) else (typ,)
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    if not ok:
+        names = " or ".join(t.__name__ for t in types)
+        raise CheckpointError(f"{where}: field {name!r} must be {names}. Received: {value!r}.")
+    return value
+
+
+# ---------------------------------------------------------------- locks
+
+
+class DirLock:
+    """An exclusive ``fcntl`` lock on ``<dir>/.lock``, released when the process dies.
+
+    Args:
+        path: the directory to lock (created if missing).
+        what: what the directory is, for the error message.
+
+    Raises:
+        WriteError: another live process holds the lock (names its pid).
+
+    Example:
+        >>> import tempfile
+        >>> with DirLock(tempfile.mkdtemp()):
+        ...     pass
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, path: str, what: str = "directory") -> None:
+        self.path = path
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        makedirs(self.path)
+        lock = os.path.join(self.path, self.NAME)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise write_error(lock, e) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise WriteError(
+                f"The {self.what} {self.path} is already in use by pid {holder} (lock file "
+                f"{lock}); wait for that run to finish or write to another directory."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def no_lock() -> Iterator[None]:
+    """A context that locks nothing (for workers other than the one that holds the lock)."""
+    yield
