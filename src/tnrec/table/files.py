@@ -27,23 +27,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import hashlib
-import io
-import json
 import os
 import shutil
-import signal
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tnrec import _fileio
+from tnrec._fileio import check_file, fsync_dir, kill_point, sha256_file
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
-    ChecksumError,
-    FormatVersionError,
     MismatchError,
 )
 from tnrec.table.init import Initializer
@@ -57,57 +53,16 @@ if TYPE_CHECKING:
     from tnrec.table.table import SparseTable
 
 FORMAT = "tnrec.sparse_table"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER = "table.json"
 TEXT_ROWS = "rows.txt"
 
 
-_kill_hits: dict[str, int] = {}
-
-
-def kill_point(name: str) -> None:
-    """Die here with SIGKILL at the ``TNREC_KILL_HIT``-th (default 1st) pass through the
-    point ``TNREC_KILL_AT`` names (crash tests only; nothing happens without them)."""
-    if os.environ.get("TNREC_KILL_AT") == name:
-        _kill_hits[name] = _kill_hits.get(name, 0) + 1
-        if _kill_hits[name] >= int(os.environ.get("TNREC_KILL_HIT", "1")):
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def sha256_file(path: str) -> str:
-    """Return the hex sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory, so renames and new entries in it are durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _npy_writer(arr: np.ndarray) -> Callable[[io.BufferedWriter], None]:
-    def write(f: io.BufferedWriter) -> None:
+def _npy_writer(arr: np.ndarray) -> Callable[[IO[bytes]], None]:
+    def write(f: IO[bytes]) -> None:
         np.save(f, arr, allow_pickle=False)
 
     return write
-
-
-def _write_bytes(f: io.BufferedWriter, body: bytes) -> None:
-    f.write(body)
 
 
 def _array_names(table: SparseTable) -> list[str]:
@@ -181,9 +136,9 @@ def save(
     if offsets is not None:
         arrays["bucket_offsets"] = offsets
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
+    _fileio.makedirs(parent)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
-    os.mkdir(tmp)
+    _fileio.makedirs(tmp)
     try:
         checksums: dict[str, str] = {}
         if format == "npy":
@@ -191,11 +146,13 @@ def save(
             for name in names:
                 fname = f"{name}.npy"
                 arr = np.ascontiguousarray(arrays[name])
-                _write_file(os.path.join(tmp, fname), _npy_writer(arr))
+                _fileio.write_file(os.path.join(tmp, fname), _npy_writer(arr))
                 checksums[fname] = sha256_file(os.path.join(tmp, fname))
                 kill_point(f"file:{fname}")
         else:
-            _write_file(os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays))
+            _fileio.write_file(
+                os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays)
+            )
             checksums[TEXT_ROWS] = sha256_file(os.path.join(tmp, TEXT_ROWS))
         header = header_of(table)
         header.update(
@@ -208,8 +165,7 @@ def save(
                 "files": checksums,
             }
         )
-        body = json.dumps(header, indent=2, sort_keys=True).encode()
-        _write_file(os.path.join(tmp, HEADER), lambda f: _write_bytes(f, body))
+        _fileio.write_json(os.path.join(tmp, HEADER), header, atomic=False)
         fsync_dir(tmp)
         _publish(tmp, path)
     except BaseException:
@@ -232,6 +188,13 @@ def _renameat2_exchange(a: str, b: str) -> bool:
 
 
 def _publish(tmp: str, path: str) -> None:
+    try:
+        _swap_into_place(tmp, path)
+    except OSError as e:
+        raise _fileio.write_error(path, e) from None
+
+
+def _swap_into_place(tmp: str, path: str) -> None:
     parent = os.path.dirname(path)
     if not os.path.exists(path):
         os.rename(tmp, path)
@@ -245,7 +208,7 @@ def _publish(tmp: str, path: str) -> None:
     fsync_dir(parent)
 
 
-def _write_text(f: io.BufferedWriter, table: SparseTable, arrays: dict[str, np.ndarray]) -> None:
+def _write_text(f: IO[bytes], table: SparseTable, arrays: dict[str, np.ndarray]) -> None:
     n = arrays["keys"].shape[0]
     if n == 0:
         return
@@ -282,37 +245,50 @@ def _resolve(path: str) -> str:
 
 
 def read_header(path: str) -> dict[str, Any]:
-    """Read and check the header of a saved table; return it."""
+    """Read and check the header of a saved table; return it (``_dir`` added).
+
+    Raises:
+        CheckpointError: missing, unreadable, damaged (ChecksumError) or another
+            format version (FormatVersionError); a field of the wrong type, named.
+    """
     path = _resolve(os.path.abspath(os.fspath(path)))
     fname = os.path.join(path, HEADER)
-    try:
-        with open(fname, encoding="utf-8") as f:
-            header = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"Cannot read table header {fname}: {e}.") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise CheckpointError(f"{fname} is not a tnrec sparse-table header.")
-    if header.get("format_version") != FORMAT_VERSION:
-        raise FormatVersionError(
-            f"{fname}: format_version {header.get('format_version')!r} is not supported "
-            f"(this tnrec reads {FORMAT_VERSION})."
-        )
+    header = _fileio.read_versioned_json(
+        fname, FORMAT, FORMAT_VERSION, what="table header", legacy=_legacy_header
+    )
+    _check_header(header, fname)
     header["_dir"] = path
     return header
 
 
-def check_file(full: str, digest: str, kind: str, manifest: str) -> str:
-    """Return ``full`` if it exists and its sha256 is ``digest``; raise naming the file otherwise.
+def _legacy_header(doc: dict[str, Any]) -> bool:
+    """Headers of format version 1 carry no checksum; they are read as they are."""
+    return doc.get("format") == FORMAT and doc.get("format_version") == 1
 
-    Raises:
-        CheckpointError: the file is missing.
-        ChecksumError: its content does not match ``manifest``.
-    """
-    if not os.path.isfile(full):
-        raise CheckpointError(f"{kind} file {full} is missing.")
-    if sha256_file(full) != digest:
-        raise ChecksumError(f"{kind} file {full} is corrupt: its sha256 does not match {manifest}.")
-    return full
+
+def _check_header(header: dict[str, Any], fname: str) -> None:
+    """Check the type of every header field a loader uses; raise naming the file and field."""
+    f = _fileio.field
+    dim = f(header, "dim", int, fname)
+    count = f(header, "count", int, fname)
+    if dim < 1 or count < 0:
+        raise CheckpointError(f"{fname}: dim {dim} and count {count} must be >= 1 and >= 0.")
+    f(header, "name", str, fname)
+    f(header, "seed", int, fname)
+    for name in ("initializer", "optimizer", "policy", "files"):
+        f(header, name, dict, fname)
+    if not isinstance(header["optimizer"].get("type"), str):
+        raise CheckpointError(f"{fname}: field 'optimizer' has no 'type'.")
+    for rel, digest in header["files"].items():
+        if not isinstance(digest, str) or os.path.basename(rel) != rel:
+            raise CheckpointError(f"{fname}: field 'files' has a bad entry {rel!r}: {digest!r}.")
+    storage = header.get("storage", "npy")
+    if storage not in ("npy", "txt") or header.get("order", "key") not in ("key", "bucket"):
+        raise CheckpointError(
+            f"{fname}: unknown storage {storage!r} or order {header.get('order')!r}."
+        )
+    if "generation" in header:
+        f(header, "generation", int, fname)
 
 
 def verify(path: str) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def test_npy_files_are_sorted_and_plain(tmp_path):
         "unseen_days.npy",
         "marker.npy",
     }
-    assert header["count"] == len(t) and header["format_version"] == 1
+    assert header["count"] == len(t) and header["format_version"] == 2
     assert np.load(tmp_path / "tbl" / "step.npy").dtype == np.int32
 
 
@@ -218,10 +218,39 @@ def test_header_faults_are_refused(saved, tmp_path):
     with pytest.raises(FormatVersionError, match="format_version 99 is not supported"):
         SparseTable.load(path)
     (path / "table.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="Cannot read table header"):
+    with pytest.raises(CheckpointError, match=r"table header .*table\.json is damaged"):
         SparseTable.load(path)
     with pytest.raises(CheckpointError, match="No saved table"):
         SparseTable.load(tmp_path / "nowhere")
+
+
+def test_header_checksum_refuses_a_changed_value(saved):
+    _, path = saved
+    text = (path / "table.json").read_text()
+    (path / "table.json").write_text(text.replace('"dim": 5', '"dim": 6'))
+    with pytest.raises(ChecksumError, match=r"table\.json is corrupt: its content does not match"):
+        SparseTable.load(path)
+
+
+def test_header_of_format_version_1_still_loads(saved):
+    t, path = saved
+    header = json.loads((path / "table.json").read_text())
+    del header["checksum"]
+    header["format_version"] = 1
+    (path / "table.json").write_text(json.dumps(header))
+    back = SparseTable.load(path)
+    np.testing.assert_array_equal(back.rows()["weights"], t.rows()["weights"])
+
+
+def test_header_field_of_the_wrong_type_is_named(saved):
+    _, path = saved
+    header = json.loads((path / "table.json").read_text())
+    del header["checksum"]
+    header["format_version"] = 1
+    header["dim"] = "5"
+    (path / "table.json").write_text(json.dumps(header))
+    with pytest.raises(CheckpointError, match=r"table\.json: field 'dim' must be int"):
+        SparseTable.load(path)
 
 
 def test_dim_and_optimizer_mismatch_are_refused(saved):
