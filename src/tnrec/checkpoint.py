@@ -33,74 +33,67 @@ marker), so ``marker > g`` selects what changed since generation ``g``.
 from __future__ import annotations
 
 import base64
-import json
+import contextlib
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from tnrec import _fileio
+from tnrec._fileio import check_file, fsync_dir, kill_point, sha256_file
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
-    FormatVersionError,
     MismatchError,
+    WriteError,
 )
 from tnrec.feature_column import to_spec
 from tnrec.table import NUM_BUCKETS
 from tnrec.table import files as table_files
-from tnrec.table.files import check_file, fsync_dir, sha256_file
-from tnrec.table.files import kill_point as _kill_point
 
 if TYPE_CHECKING:
     from tnrec.model import Model
 
 FORMAT = "tnrec.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 POINTER = "_checkpoint"
+POINTER_FORMAT = "tnrec.checkpoint_pointer"
+POINTER_VERSION = 2
 MANIFEST = "manifest.json"
 DENSE = "dense.pt"
 _GEN = re.compile(r"^[0-9]+$")
-
-
-# ---------------------------------------------------------------- small file helpers
-
-
-def _write_json(path: str, doc: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"Checkpoint file {path} is missing.") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"Cannot read checkpoint file {path}: {e}.") from None
+_TMP = re.compile(r"^\.tmp-([0-9]+)$")
 
 
 # ---------------------------------------------------------------- locating checkpoints
 
 
-def _pointer_generation(model_dir: str) -> int:
-    pointer = os.path.join(model_dir, POINTER)
-    if not os.path.exists(pointer):
-        return 0
-    doc = _read_json(pointer)
-    if not isinstance(doc, dict) or not isinstance(doc.get("generation"), int):
-        raise CheckpointError(f"{pointer} does not name a checkpoint generation.")
-    return int(doc["generation"])
+@dataclass(frozen=True)
+class Pointer:
+    """What ``_checkpoint`` names, checked against itself and the disk."""
+
+    dt: str
+    generation: int
+    path: str
 
 
-def _all_generations(model_dir: str) -> list[tuple[str, int]]:
-    found: list[tuple[str, int]] = []
+def _check_dt(dt: Any, where: str) -> str:
+    if not isinstance(dt, str) or not dt or "/" in dt or "\\" in dt or dt.startswith((".", "_")):
+        raise CheckpointError(f"{where}: {dt!r} is not a day label (a plain directory name).")
+    return dt
+
+
+def _scan(model_dir: str) -> list[tuple[str, int, bool]]:
+    """Every ``(dt, generation, complete)`` directory on disk, oldest generation first.
+
+    Complete means it holds a manifest (it was renamed into place whole).
+    """
+    found: list[tuple[str, int, bool]] = []
     if not os.path.isdir(model_dir):
         return found
     for dt in os.listdir(model_dir):
@@ -108,9 +101,77 @@ def _all_generations(model_dir: str) -> list[tuple[str, int]]:
         if dt.startswith((".", "_")) or not os.path.isdir(day):
             continue
         for g in os.listdir(day):
-            if _GEN.match(g) and os.path.isdir(os.path.join(day, g)):
-                found.append((dt, int(g)))
-    return sorted(found, key=lambda x: x[1])
+            full = os.path.join(day, g)
+            if _GEN.match(g) and os.path.isdir(full):
+                found.append((dt, int(g), os.path.isfile(os.path.join(full, MANIFEST))))
+    return sorted(found, key=lambda x: (x[1], x[0]))
+
+
+def _max_generation_on_disk(model_dir: str) -> int:
+    """The largest generation number used in ``model_dir``: directories and temporary ones."""
+    top = max((g for _, g, _ in _scan(model_dir)), default=0)
+    if os.path.isdir(model_dir):
+        for dt in os.listdir(model_dir):
+            day = os.path.join(model_dir, dt)
+            if dt.startswith((".", "_")) or not os.path.isdir(day):
+                continue
+            for entry in os.listdir(day):
+                m = _TMP.match(entry)
+                if m:
+                    top = max(top, int(m.group(1)))
+    return top
+
+
+def read_pointer(model_dir: str) -> Pointer | None:
+    """Read and check ``_checkpoint``; None when the model dir holds no complete checkpoint.
+
+    The pointer's ``dt``, ``generation`` and ``dir`` must agree with each other and
+    with the manifest of the directory they name, which must lie inside ``model_dir``.
+
+    Raises:
+        CheckpointError: the pointer is damaged or disagrees with the disk, or it is
+            missing while complete checkpoints exist (the message names the newest
+            complete one and how to publish it again).
+    """
+    fname = os.path.join(model_dir, POINTER)
+    if not os.path.exists(fname):
+        complete = [(dt, g) for dt, g, ok in _scan(model_dir) if ok]
+        if complete:
+            dt, g = complete[-1]
+            newest = os.path.join(model_dir, dt, str(g))
+            raise CheckpointError(
+                f"{model_dir} holds {len(complete)} complete checkpoint(s) but no {POINTER} "
+                f"pointer, so it is not known which one is current; the newest complete one is "
+                f"{newest}. Publish the one to continue from with `tnrec checkpoint publish "
+                f"{newest}` (or tnrec.checkpoint.publish), then run again."
+            )
+        return None
+    doc = _fileio.read_versioned_json(
+        fname, POINTER_FORMAT, POINTER_VERSION, what="checkpoint pointer", legacy=_legacy_pointer
+    )
+    dt = _check_dt(_fileio.field(doc, "dt", str, fname), fname)
+    gen = _fileio.field(doc, "generation", int, fname)
+    rel = _fileio.field(doc, "dir", str, fname)
+    if gen < 1 or rel != f"{dt}/{gen}":
+        raise CheckpointError(
+            f"{fname} disagrees with itself: dir {rel!r}, dt {dt!r}, generation {gen}; "
+            f"restore it with `tnrec checkpoint publish {os.path.join(model_dir, rel)}`."
+        )
+    path = os.path.join(model_dir, dt, str(gen))
+    if not os.path.isfile(os.path.join(path, MANIFEST)):
+        raise CheckpointError(f"{fname} names {path}, which has no {MANIFEST}.")
+    manifest = read_manifest(path)
+    if manifest["dt"] != dt or manifest["generation"] != gen:
+        raise CheckpointError(
+            f"{fname} names day {dt!r} generation {gen}, but {path}/{MANIFEST} is day "
+            f"{manifest['dt']!r} generation {manifest['generation']}; refusing to guess."
+        )
+    return Pointer(dt, gen, path)
+
+
+def _legacy_pointer(doc: dict[str, Any]) -> bool:
+    """Pointers written before checksums: no ``format`` field."""
+    return "format" not in doc
 
 
 def generations(model_dir: str) -> list[tuple[str, int]]:
@@ -118,14 +179,12 @@ def generations(model_dir: str) -> list[tuple[str, int]]:
 
     Published means complete and not newer than the generation ``_checkpoint``
     names: a directory renamed into place by a save that was killed before it
-    moved ``_checkpoint`` is not published, and the next save replaces it.
+    moved ``_checkpoint`` is not published (it is kept, and the next save takes
+    the next free generation number).
     """
-    last = _pointer_generation(model_dir)
-    return [
-        (dt, g)
-        for dt, g in _all_generations(model_dir)
-        if g <= last and os.path.isfile(os.path.join(model_dir, dt, str(g), MANIFEST))
-    ]
+    pointer = read_pointer(model_dir)
+    last = pointer.generation if pointer is not None else 0
+    return [(dt, g) for dt, g, ok in _scan(model_dir) if ok and g <= last]
 
 
 def latest(model_dir: str, dt: str | None = None) -> str | None:
@@ -135,21 +194,130 @@ def latest(model_dir: str, dt: str | None = None) -> str | None:
     newest published generation of that day.
 
     Raises:
-        CheckpointError: ``_checkpoint`` is unreadable or names a missing directory.
+        CheckpointError: ``_checkpoint`` is unreadable, disagrees with the disk, or is
+            missing beside complete checkpoints (see :func:`read_pointer`).
     """
     if dt is None:
-        pointer = os.path.join(model_dir, POINTER)
-        if not os.path.exists(pointer):
-            return None
-        doc = _read_json(pointer)
-        if not isinstance(doc, dict) or "dir" not in doc:
-            raise CheckpointError(f"{pointer} does not name a checkpoint directory.")
-        path = os.path.join(model_dir, doc["dir"])
-        if not os.path.isfile(os.path.join(path, MANIFEST)):
-            raise CheckpointError(f"{pointer} names {path}, which has no {MANIFEST}.")
-        return path
+        pointer = read_pointer(model_dir)
+        return pointer.path if pointer is not None else None
     gens = [g for d, g in generations(model_dir) if d == dt]
     return os.path.join(model_dir, dt, str(gens[-1])) if gens else None
+
+
+def publish(path: str) -> str:
+    """Make the complete checkpoint directory ``path`` (``MODEL_DIR/DT/GEN``) the current one.
+
+    Rewrites ``MODEL_DIR/_checkpoint`` to name it, after checking its manifest and
+    the checksum of every file it lists. Use it when ``_checkpoint`` was lost or
+    damaged, or to roll back to an older generation (newer ones are kept; the next
+    save takes the next free generation number).
+
+    Returns:
+        The pointer's path.
+
+    Raises:
+        CheckpointError: ``path`` is not a complete, intact checkpoint generation.
+    """
+    path = os.path.abspath(os.fspath(path))
+    gen_dir, dt = os.path.basename(path), os.path.basename(os.path.dirname(path))
+    model_dir = os.path.dirname(os.path.dirname(path))
+    if not _GEN.match(gen_dir):
+        raise CheckpointError(f"{path} is not a checkpoint generation directory (DIR/DT/GEN).")
+    manifest = read_manifest(path)
+    if manifest["dt"] != dt or manifest["generation"] != int(gen_dir):
+        raise CheckpointError(
+            f"{path}/{MANIFEST} is day {manifest['dt']!r} generation {manifest['generation']}, "
+            "not the directory it lies in."
+        )
+    verify(path)
+    with hold_lock(model_dir):
+        _fileio.write_json(os.path.join(model_dir, POINTER), _pointer_doc(dt, int(gen_dir)))
+    return os.path.join(model_dir, POINTER)
+
+
+def _pointer_doc(dt: str, generation: int) -> dict[str, Any]:
+    return {
+        "format": POINTER_FORMAT,
+        _fileio.VERSION_KEY: POINTER_VERSION,
+        "dt": dt,
+        "dir": f"{dt}/{generation}",
+        "generation": generation,
+    }
+
+
+def verify(path: str) -> dict[str, Any]:
+    """Check a checkpoint directory: its manifest and the sha256 of every file it names.
+
+    Returns:
+        The manifest.
+
+    Raises:
+        CheckpointError: a file is missing, unreadable or corrupt (ChecksumError).
+    """
+    manifest = read_manifest(path)
+    for rel, digest in manifest["files"].items():
+        _check_file(path, rel, digest)
+    for doc in manifest["tables"].values():
+        for part in doc["parts"]:
+            _check_file(path, os.path.join(part["dir"], table_files.HEADER), part["header_sha256"])
+            table_files.verify(os.path.join(path, part["dir"]))
+    return manifest
+
+
+# ---------------------------------------------------------------- the model-dir lock
+
+_held: dict[str, list[Any]] = {}
+
+
+@contextlib.contextmanager
+def hold_lock(model_dir: str) -> Iterator[None]:
+    """Hold the exclusive lock of ``model_dir`` (re-entrant within a process).
+
+    Two runs writing one model dir would delete each other's temporary files;
+    the second one gets a WriteError naming the first one's pid instead.
+    """
+    key = os.path.realpath(model_dir)
+    entry = _held.get(key)
+    if entry is None:
+        lock = _fileio.DirLock(model_dir, "model dir")
+        lock.acquire()
+        entry = _held[key] = [lock, 0]
+    entry[1] += 1
+    try:
+        yield
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            entry[0].release()
+            del _held[key]
+
+
+@contextlib.contextmanager
+def lock_for_run(ps: Any, model_dir: str) -> Iterator[None]:
+    """Rank 0 holds ``model_dir``'s lock for the block; every worker fails together if it can't.
+
+    Raises:
+        WriteError: another process holds the lock (on rank 0: its message; elsewhere: says so).
+    """
+    failed = np.zeros(1, np.float64)
+    ctx: Any = contextlib.nullcontext()
+    error: WriteError | None = None
+    if ps.rank == 0:
+        try:
+            ctx = hold_lock(model_dir)
+            ctx.__enter__()
+        except WriteError as e:
+            error, failed[0] = e, 1.0
+            ctx = contextlib.nullcontext()
+    if ps.world_size > 1:
+        failed = ps.all_reduce_sum(failed)
+    if error is not None:
+        raise error
+    if failed[0] > 0:
+        raise WriteError(f"The model dir {model_dir} is in use by another run (see rank 0).")
+    with contextlib.ExitStack() as stack:
+        stack.push(ctx.__exit__)
+        yield
 
 
 # ---------------------------------------------------------------- save
@@ -223,62 +391,93 @@ def save(
     if keep is not None and keep < 1:
         raise ArgumentError(f"`keep` must be >= 1 or None. Received: keep={keep!r}.")
     ps = model.ps
-    rank, world = ps.rank, ps.world_size
-    gen_vec = np.zeros(1, np.float64)
-    if rank == 0:
-        os.makedirs(model_dir, exist_ok=True)
-        gen_vec[0] = _pointer_generation(model_dir) + 1
-    generation = int(ps.all_reduce_sum(gen_vec)[0])
-    tmp = os.path.join(model_dir, dt, f".tmp-{generation}")
-    if rank == 0:
-        for odt, g in _all_generations(model_dir):  # left by a save killed before publishing
-            if g >= generation:
-                shutil.rmtree(os.path.join(model_dir, odt, str(g)))
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(os.path.join(tmp, "workers"))
-    ps.barrier("checkpoint: create directory")
+    with lock_for_run(ps, model_dir):
+        generation = _next_generation(ps, model_dir)
+        tmp = os.path.join(model_dir, dt, f".tmp-{generation}")
+        try:
+            _write_worker_files(model, tmp, generation, position)
+            if ps.rank == 0:
+                _publish_generation(model, model_dir, dt, generation, resume or {}, keep)
+        except BaseException:
+            if ps.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        ps.barrier("checkpoint: published")
+    for table in model.tables.values():
+        table.generation = generation + 1
+    return os.path.join(model_dir, dt, str(generation))
 
+
+def _next_generation(ps: Any, model_dir: str) -> int:
+    """Agree on the next generation number: one more than any on disk or in the pointer.
+
+    Rank 0 also removes temporary directories left by killed saves (the lock
+    guarantees that no other run is writing them).
+    """
+    gen_vec = np.zeros(1, np.float64)
+    if ps.rank == 0:
+        _fileio.makedirs(model_dir)
+        pointer = read_pointer(model_dir)
+        gen_vec[0] = max(_max_generation_on_disk(model_dir), pointer.generation if pointer else 0)
+        gen_vec[0] += 1
+        for dt in os.listdir(model_dir):
+            day = os.path.join(model_dir, dt)
+            if not dt.startswith((".", "_")) and os.path.isdir(day):
+                for entry in os.listdir(day):
+                    if _TMP.match(entry):
+                        shutil.rmtree(os.path.join(day, entry), ignore_errors=True)
+    return int(ps.all_reduce_sum(gen_vec)[0])
+
+
+def _write_worker_files(
+    model: Model, tmp: str, generation: int, position: dict[str, Any] | None
+) -> None:
+    """Write this worker's table shards and worker file (rank 0: the dense file too)."""
+    ps = model.ps
+    rank, world = ps.rank, ps.world_size
+    if rank == 0:
+        _fileio.makedirs(os.path.join(tmp, "workers"))
+    ps.barrier("checkpoint: create directory")
     for name in sorted(model.tables):
         part = os.path.join(tmp, "sparse", name, f"part-{rank:05d}-of-{world:05d}")
         table_files.save(model.tables[name], part, order="bucket")
-        _kill_point(f"after-table:{name}")
-    _write_json(
-        os.path.join(tmp, "workers", f"rank-{rank}.json"),
-        {"rank": rank, "position": position, "torch_rng": _rng_state()},
-    )
-    _kill_point("after-worker-file")
+        kill_point(f"after-table:{name}")
+    worker = {"rank": rank, "position": position, "torch_rng": _rng_state()}
+    _fileio.write_json(os.path.join(tmp, "workers", f"rank-{rank}.json"), worker, atomic=False)
+    kill_point("after-worker-file")
     if rank == 0:
         dense = {"model": model.state_dict()}
         if model.optimizer is not None:
             dense["optimizer"] = model.optimizer.state_dict()
-        with open(os.path.join(tmp, DENSE), "wb") as f:
-            torch.save(dense, f)
-            f.flush()
-            os.fsync(f.fileno())
-        _kill_point("after-dense")
+        _fileio.write_file(os.path.join(tmp, DENSE), lambda f: torch.save(dense, f))
+        kill_point("after-dense")
     ps.barrier("checkpoint: files written")
 
-    if rank == 0:
-        manifest = _manifest(model, tmp, dt, generation, world, resume or {})
-        _write_json(os.path.join(tmp, MANIFEST), manifest)
-        fsync_dir(tmp)
-        final = os.path.join(model_dir, dt, str(generation))
-        _kill_point("before-rename")
-        os.rename(tmp, final)
-        fsync_dir(os.path.join(model_dir, dt))
-        _kill_point("after-rename")
-        pointer_tmp = os.path.join(model_dir, f".{POINTER}.tmp")
-        _write_json(pointer_tmp, {"dt": dt, "dir": f"{dt}/{generation}", "generation": generation})
-        _kill_point("before-publish")
-        os.replace(pointer_tmp, os.path.join(model_dir, POINTER))
-        fsync_dir(model_dir)
-        _kill_point("after-publish")
-        if keep is not None:
-            _prune(model_dir, keep, f"{dt}/{generation}")
-    ps.barrier("checkpoint: published")
-    for table in model.tables.values():
-        table.generation = generation + 1
-    return os.path.join(model_dir, dt, str(generation))
+
+def _publish_generation(
+    model: Model,
+    model_dir: str,
+    dt: str,
+    generation: int,
+    resume: dict[str, Any],
+    keep: int | None,
+) -> None:
+    """Rank 0: write the manifest, rename the directory into place, move ``_checkpoint``."""
+    tmp = os.path.join(model_dir, dt, f".tmp-{generation}")
+    manifest = _manifest(model, tmp, dt, generation, model.ps.world_size, resume)
+    _fileio.write_json(os.path.join(tmp, MANIFEST), manifest, atomic=False)
+    fsync_dir(tmp)
+    final = os.path.join(model_dir, dt, str(generation))
+    kill_point("before-rename")
+    _fileio.publish(tmp, final)
+    kill_point("after-rename")
+    pointer_tmp = os.path.join(model_dir, f".{POINTER}.tmp")
+    _fileio.write_bytes(pointer_tmp, _fileio.dumps_checked(_pointer_doc(dt, generation)))
+    kill_point("before-publish")
+    _fileio.publish(pointer_tmp, os.path.join(model_dir, POINTER))
+    kill_point("after-publish")
+    if keep is not None:
+        _prune(model_dir, keep, generation)
 
 
 def _manifest(
@@ -316,10 +515,12 @@ def _manifest(
     }
 
 
-def _prune(model_dir: str, keep: int, published: str) -> None:
-    gens = generations(model_dir)
+def _prune(model_dir: str, keep: int, published: int) -> None:
+    """Delete complete generations older than the ``keep`` newest; never the published one
+    nor any newer one."""
+    gens = [(dt, g) for dt, g, ok in _scan(model_dir) if ok and g <= published]
     for dt, g in gens[: max(len(gens) - keep, 0)]:
-        if f"{dt}/{g}" != published:
+        if g != published:
             shutil.rmtree(os.path.join(model_dir, dt, str(g)), ignore_errors=True)
 
 
@@ -340,17 +541,74 @@ class LoadReport:
 
 
 def read_manifest(path: str) -> dict[str, Any]:
-    """Read and check a checkpoint directory's manifest."""
+    """Read a checkpoint directory's manifest and check its checksum and schema.
+
+    Raises:
+        CheckpointError: missing, unreadable, damaged (ChecksumError), another format
+            version (FormatVersionError), or a field of the wrong type or value (named).
+    """
     fname = os.path.join(path, MANIFEST)
-    manifest = _read_json(fname)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{fname} is not a tnrec checkpoint manifest.")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise FormatVersionError(
-            f"{fname}: format_version {manifest.get('format_version')!r} is not supported "
-            f"(this tnrec reads {FORMAT_VERSION})."
-        )
+    manifest = _fileio.read_versioned_json(
+        fname, FORMAT, FORMAT_VERSION, what="checkpoint manifest", legacy=_legacy_manifest
+    )
+    _check_manifest(manifest, fname)
     return manifest
+
+
+def _legacy_manifest(doc: dict[str, Any]) -> bool:
+    """Manifests of format version 1 carry no checksum; their schema is still checked."""
+    return doc.get("format") == FORMAT and doc.get(_fileio.VERSION_KEY) == 1
+
+
+def _relative(rel: Any, where: str) -> str:
+    if not isinstance(rel, str) or os.path.isabs(rel) or ".." in rel.split("/") or not rel:
+        raise CheckpointError(f"{where}: {rel!r} is not a path inside the checkpoint directory.")
+    return rel
+
+
+def _check_manifest(m: dict[str, Any], fname: str) -> None:
+    """Check every manifest field that loading, export and inspection use."""
+    f = _fileio.field
+    _check_dt(f(m, "dt", str, fname), fname)
+    if f(m, "generation", int, fname) < 1 or f(m, "world_size", int, fname) < 1:
+        raise CheckpointError(f"{fname}: generation and world_size must be >= 1.")
+    for name in ("feature_spec", "layers", "tables", "files", "resume"):
+        f(m, name, dict, fname)
+    for rel, digest in m["files"].items():
+        _relative(rel, fname)
+        if not isinstance(digest, str):
+            raise CheckpointError(f"{fname}: files[{rel!r}] must be a sha256 string.")
+    if DENSE not in m["files"]:
+        raise CheckpointError(f"{fname}: field 'files' does not name {DENSE}.")
+    for name, doc in m["tables"].items():
+        where = f"{fname}: table {name!r}"
+        if not isinstance(doc, dict):
+            raise CheckpointError(f"{where} must be an object.")
+        if f(doc, "dim", int, where) < 1:
+            raise CheckpointError(f"{where}: dim must be >= 1.")
+        if not isinstance(f(doc, "optimizer", dict, where).get("type"), str):
+            raise CheckpointError(f"{where}: field 'optimizer' has no 'type'.")
+        parts = f(doc, "parts", list, where)
+        ranks = []
+        for part in parts:
+            if not isinstance(part, dict):
+                raise CheckpointError(f"{where}: every part must be an object.")
+            _relative(f(part, "dir", str, where), where)
+            ranks.append(f(part, "rank", int, where))
+            f(part, "header_sha256", str, where)
+        if sorted(ranks) != list(range(len(parts))) or not parts:
+            raise CheckpointError(f"{where}: parts must be ranks 0..W-1. Received: {ranks}.")
+    resume = m["resume"]
+    step = resume.get("global_step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            f"{fname}: resume.global_step must be an int >= 0. Received: {step!r}."
+        )
+    for key in ("dt", "last_decayed_day"):
+        if resume.get(key) is not None:
+            _check_dt(resume[key], f"{fname}: resume.{key}")
+    if not isinstance(resume.get("day_complete", False), bool):
+        raise CheckpointError(f"{fname}: resume.day_complete must be true or false.")
 
 
 def _check_file(path: str, rel: str, digest: str) -> str:
@@ -446,7 +704,7 @@ def load(
     rng = None
     worker_rel = os.path.join("workers", f"rank-{rank}.json")
     if int(manifest["world_size"]) == world and worker_rel in manifest["files"]:
-        worker = _read_json(_check_file(path, worker_rel, manifest["files"][worker_rel]))
+        worker = _read_worker(_check_file(path, worker_rel, manifest["files"][worker_rel]))
         report.position = worker.get("position")
         rng = worker.get("torch_rng")
     # ---- apply: fresh tables, this worker's buckets of every part, dense state
@@ -474,6 +732,22 @@ def load(
         torch.set_rng_state(torch.from_numpy(rng_bytes))
     report.resume = dict(manifest.get("resume") or {})
     return report
+
+
+def _read_worker(fname: str) -> dict[str, Any]:
+    """A worker file: ``position`` (the reader's, or None) and ``torch_rng`` (base64)."""
+    doc = _fileio.read_json(fname, "checkpoint worker file")
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"The checkpoint worker file {fname} is damaged: not an object.")
+    if doc.get("position") is not None and not isinstance(doc["position"], dict):
+        raise CheckpointError(f"{fname}: field 'position' must be an object or null.")
+    rng = doc.get("torch_rng")
+    if rng is not None:
+        try:
+            base64.b64decode(rng, validate=True)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{fname}: field 'torch_rng' is not base64.") from None
+    return {k: v for k, v in doc.items() if k != _fileio.CHECKSUM}
 
 
 def _dense_plan(

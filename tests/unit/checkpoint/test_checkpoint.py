@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tnrec import checkpoint
+from tnrec import _fileio, checkpoint
 from tnrec.daily import train_days
 from tnrec.errors import (
     ArgumentError,
@@ -98,7 +98,9 @@ def test_missing_part_and_bad_pointer_are_refused(common, saved):
     _, model_dir, path = saved
     (path / "workers" / "rank-0.json").unlink()
     _refused(common, model_dir, CheckpointError, r"rank-0\.json is missing")
-    (model_dir / "_checkpoint").write_text(json.dumps({"dir": "d0/9"}))
+    (model_dir / "_checkpoint").write_text(
+        json.dumps({"dt": "d0", "dir": "d0/9", "generation": 9})
+    )
     _refused(common, model_dir, CheckpointError, r"names .*d0/9, which has no manifest\.json")
 
 
@@ -108,10 +110,10 @@ def test_format_version_and_another_models_manifest_are_refused(common, saved):
     _refused(common, model_dir, MismatchError, r'table "emb": saved dim 4 != model dim 8', dim=8)
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["feature_spec"]["columns"] = manifest["feature_spec"]["columns"][:1]
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    (path / "manifest.json").write_bytes(_fileio.dumps_checked(manifest))  # a valid checksum
     _refused(common, model_dir, MismatchError, "feature spec or embedding layers differ")
     manifest["format_version"] = 7
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    (path / "manifest.json").write_bytes(_fileio.dumps_checked(manifest))
     _refused(common, model_dir, FormatVersionError, "format_version 7 is not supported")
 
 
