@@ -3,6 +3,22 @@
 The same function serves every reader (and the predictor): the canonical
 conversions live in :mod:`tnrec.feature_column.arrow`; this module resolves the
 reader's columns and assembles the batch.
+
+A row is bad (raised naming its row, or skipped by the readers) when, besides
+what the conversions flag:
+
+* a dense value, label or weight is not finite once converted to float32, the
+  model's dtype (``1e308``, ``-1e39``; for a dense column, after its
+  transforms, so ``1e308`` under ``log1p`` is fine);
+* a numeric field holds the text ``nan`` (any case, signed). An empty field or
+  null is the way to write a missing value; a float NaN in a Parquet column
+  stays missing;
+* an integer outside int64 sits in a ``dtype="int"`` column (a Parquet uint64
+  value >= 2**63, like the text ``9223372036854775808``). Unsigned 64-bit ids
+  hash as their decimal text with ``dtype="str"``.
+
+Integers read by a numeric column become the nearest float64 (pyarrow's safe
+cast refuses integers beyond 2**53).
 """
 
 from __future__ import annotations
@@ -13,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tnrec.data.batch import Batch, Jagged
 from tnrec.errors import ArgumentError, DataError, SpecError
@@ -130,12 +147,92 @@ class Decoded:
     missing: dict[str, int] = field(default_factory=dict)
 
 
+def snippet(value: object, limit: int = 60) -> str:
+    """Return ``repr(value)``, cut to about ``limit`` characters for error messages."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = len(value) if isinstance(value, (str, bytes)) else len(text)
+    return f"{text[:limit]}... ({size} characters)"
+
+
 def _describe(arr: pa.Array, row: int, name: str, what: str) -> str:
     try:
         raw = arr[row].as_py()
     except Exception:  # pragma: no cover - only for the message
         raw = "?"
-    return f'column "{name}": value {raw!r} is not {what}'
+    return f'column "{name}": value {snippet(raw)} is not {what}'
+
+
+# Text that pyarrow reads as NaN: "nan", "NaN", "-nan", "+NAN".
+_NAN_TEXT = r"^[+-]?[nN][aA][nN]$"
+_INT64_MAX = 2**63 - 1
+
+
+def _plain(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Return one contiguous, dictionary-decoded array."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if isinstance(arr, pa.DictionaryArray):
+        arr = arr.dictionary_decode()
+    return arr
+
+
+def _as_numeric_input(arr: pa.Array) -> pa.Array:
+    """Return integer arrays as float64, each value rounded to the nearest float."""
+    if pa.types.is_integer(arr.type):
+        return pc.cast(arr, pa.float64(), safe=False)
+    return arr
+
+
+def _nan_text(arr: pa.Array) -> npt.NDArray[np.bool_] | None:
+    """Return the rows whose text is a NaN spelling (None when there are none)."""
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        return None
+    hit = pc.fill_null(pc.match_substring_regex(arr, _NAN_TEXT), False)
+    mask = np.asarray(hit.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return mask if mask.any() else None
+
+
+def _fit_int64(arr: pa.Array) -> tuple[pa.Array, npt.NDArray[np.bool_] | None]:
+    """Null out uint64 values above int64's range; return the array and their rows."""
+    t = arr.type
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    values = arr.flatten() if is_list else arr
+    if isinstance(values, pa.DictionaryArray):
+        values = values.dictionary_decode()
+    if not pa.types.is_uint64(values.type):
+        return arr, None
+    big = pc.fill_null(pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64())), False)
+    fitted = pc.cast(pc.if_else(big, pa.scalar(None, pa.uint64()), values), pa.int64())
+    big_np = np.asarray(big.to_numpy(zero_copy_only=False), dtype=np.bool_)  # [M]
+    if not is_list:
+        return fitted, big_np if big_np.any() else None
+    parents = np.asarray(pc.list_parent_indices(arr).to_numpy(zero_copy_only=False))  # [M]
+    rows = np.zeros(len(arr), dtype=np.bool_)  # [B]
+    rows[parents[big_np]] = True
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(arr) + 1, dtype=np.int64)  # [B+1]
+    np.cumsum(lengths, out=offsets[1:])
+    rebuilt = pa.LargeListArray.from_arrays(pa.array(offsets), fitted)
+    return rebuilt, rows if rows.any() else None
+
+
+def _column_error(where: str, name: str, e: Exception) -> DataError:
+    return DataError(f'{where}column "{name}": its values cannot be converted: {e}')
+
+
+def _to_float32(
+    x: npt.NDArray[np.float64],
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_] | None]:
+    """Cast to float32; return the values (0 where not finite) and the non-finite rows."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = x.astype(np.float32)  # [B]
+    over = ~np.isfinite(y)
+    if not over.any():
+        return y, None
+    y[over] = 0.0
+    return y, over
 
 
 def decode(
@@ -181,8 +278,19 @@ def decode(
 
     sparse: dict[str, Jagged] = {}
     for col in schema.sparse:
-        arr = table.column(col.key)
-        bags = categorical_bags(col, arr, value_sep=value_sep, where=where)
+        arr = _plain(table.column(col.key))
+        if isinstance(col, BucketizedColumn):
+            note_bad(_nan_text(arr), arr, col.key, "a number")
+            given = _as_numeric_input(arr)
+        elif col.dtype == "int":
+            given, big = _fit_int64(arr)
+            note_bad(big, arr, col.key, 'an int64 (unsigned 64-bit ids need dtype="str")')
+        else:
+            given = arr
+        try:
+            bags = categorical_bags(col, given, value_sep=value_sep, where=where)
+        except pa.ArrowException as e:
+            raise _column_error(where, col.key, e) from e
         kind = "a number" if isinstance(col, BucketizedColumn) else f"a valid {col.dtype} value"
         note_bad(bags.bad, arr, col.key, kind)
         missing[col.key] = bags.missing
@@ -190,20 +298,41 @@ def decode(
 
     dense = np.empty((n, len(schema.dense)), dtype=np.float32)  # [B, F]
     for i, ncol in enumerate(schema.dense):
-        arr = table.column(ncol.key)
-        x, miss, nbad = numeric_values(ncol, arr, where=where)
+        arr = _plain(table.column(ncol.key))
+        try:
+            x, miss, nbad = numeric_values(ncol, _as_numeric_input(arr), where=where)
+        except pa.ArrowException as e:
+            raise _column_error(where, ncol.key, e) from e
+        nan = _nan_text(arr)
+        note_bad(nan, arr, ncol.key, "a finite number")
         note_bad(nbad, arr, ncol.key, "a finite number")
+        if nan is not None:
+            miss &= ~nan
         missing[ncol.key] = int(np.count_nonzero(miss))
-        dense[:, i] = ncol.apply(x)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            transformed = ncol.apply(x)  # [B] float64
+        dense[:, i], over = _to_float32(transformed)
+        after = " after the column's transforms" if ncol.transforms else ""
+        note_bad(over, arr, ncol.key, f"finite as float32 (the model's dtype){after}")
 
     targets = (*schema.labels, *((schema.weight,) if schema.weight else ()))
     values = np.empty((n, len(targets)), dtype=np.float32)  # [B, L (+1)]
     for i, name in enumerate(targets):
-        arr = table.column(name)
-        x, miss, nbad = numeric_values(NumericColumn(name, 0.0), arr, where=where)
+        arr = _plain(table.column(name))
+        try:
+            x, miss, nbad = numeric_values(
+                NumericColumn(name, 0.0), _as_numeric_input(arr), where=where
+            )
+        except pa.ArrowException as e:
+            raise _column_error(where, name, e) from e
+        nan = _nan_text(arr)
+        note_bad(nan, arr, name, "a finite number")
         note_bad(nbad, arr, name, "a finite number")
+        if nan is not None:
+            miss &= ~nan
         note_bad(miss, arr, name, "present (labels and weights must not be missing)")
-        values[:, i] = x
+        values[:, i], over = _to_float32(x)
+        note_bad(over, arr, name, "finite as float32 (the model's dtype)")
     n_labels = len(schema.labels)
     batch = Batch(
         sparse=sparse,
@@ -238,11 +367,29 @@ def to_batch(
         The batch.
 
     Raises:
-        DataError: a field is absent or a value cannot be read (naming the row).
+        DataError: a field is absent, a value cannot be read (naming the row),
+            or a list mixes types Arrow cannot hold in one column (naming it).
     """
     schema = make_schema(columns, label, weight)
-    table = data if isinstance(data, (pa.Table, pa.RecordBatch)) else pa.table(dict(data))
+    table = data if isinstance(data, (pa.Table, pa.RecordBatch)) else _table_of(data)
     d = decode(schema, table, np.arange(table.num_rows, dtype=np.int64), value_sep=value_sep)
     if d.first_bad is not None:
         raise DataError(f"row {d.first_bad[0]}: {d.first_bad[1]}.")
     return d.batch
+
+
+def _table_of(data: Mapping[str, Sequence[object]]) -> pa.Table:
+    """Build an Arrow table from a dict of lists, naming the column a value breaks."""
+    arrays = {}
+    for name, values in dict(data).items():
+        try:
+            arrays[name] = pa.array(values)
+        except (OverflowError, pa.ArrowException) as e:
+            raise DataError(
+                f'column "{name}": values cannot form one Arrow column ({e}); expected '
+                "numbers within int64/uint64, or text, of one kind per column."
+            ) from e
+    try:
+        return pa.table(arrays)
+    except pa.ArrowException as e:
+        raise DataError(f"columns cannot form one table: {e}") from e
