@@ -74,16 +74,30 @@ LOGIT_RANGE = 16.0
 DEFAULT_AUC_BUCKETS = 2**17
 
 
-def _as_vector(value: ArrayLike, arg: str) -> Float64Array:
+def _as_vector(value: ArrayLike, arg: str, where: str) -> Float64Array:
     """Return ``value`` as a float64 vector; a ``[B, 1]`` column is flattened."""
-    arr = np.asarray(value, dtype=np.float64)
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ArgumentError(
+            f"{where}: `{arg}` must be an array of numbers. Received: {type(value).__name__} ({e})."
+        ) from None
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.ndim != 1:
         raise ArgumentError(
-            f"`{arg}` must be a 1-D array of shape [B] (or [B, 1]). Received: shape={arr.shape}."
+            f"{where}: `{arg}` must be a 1-D array of shape [B] (or [B, 1]). "
+            f"Received: shape={arr.shape}."
         )
     return arr
+
+
+def _bad_values(arr: Float64Array, ok: npt.NDArray[np.bool_]) -> str:
+    """Describe the values of ``arr`` where ``ok`` is False: a few, their count and first index."""
+    bad = np.unique(arr[~ok])  # sorted, NaN last
+    shown = ", ".join(f"{v:g}" for v in bad[:5]) + (", ..." if bad.size > 5 else "")
+    first = int(np.flatnonzero(~ok)[0])
+    return f"[{shown}] in {int((~ok).sum())} of {arr.size} rows, the first at index {first}"
 
 
 def _check_inputs(
@@ -92,35 +106,47 @@ def _check_inputs(
     weight: ArrayLike | None,
     *,
     probabilities: bool,
+    where: str,
 ) -> tuple[Float64Array, Float64Array, Float64Array | None]:
-    """Validate one batch and return ``(y, p, w)`` as float64 vectors of length B."""
-    y = _as_vector(y_true, "y_true")
-    p = _as_vector(y_pred, "y_pred")
+    """Validate one batch and return ``(y, p, w)`` as float64 vectors of length B.
+
+    ``where`` names the caller in the errors (``Metric "auc"``, ``exact_auc``).
+    """
+    y = _as_vector(y_true, "y_true", where)
+    p = _as_vector(y_pred, "y_pred", where)
     if p.shape != y.shape:
         raise ArgumentError(
-            f"`y_pred` must have the shape of `y_true` {y.shape}. Received: shape={p.shape}."
+            f"{where}: `y_pred` must have the shape of `y_true` {y.shape}. "
+            f"Received: shape={p.shape}."
         )
     w = None
     if weight is not None:
-        w = _as_vector(weight, "weight")
+        w = _as_vector(weight, "weight", where)
         if w.shape != y.shape:
             raise ArgumentError(
-                f"`weight` must have the shape of `y_true` {y.shape}. Received: shape={w.shape}."
+                f"{where}: `weight` must have the shape of `y_true` {y.shape}. "
+                f"Received: shape={w.shape}."
             )
     if y.size == 0:
         return y, p, w
     for arr, arg in ((y, "y_true"), (p, "y_pred")):
-        if not np.isfinite(arr).all():
-            raise ArgumentError(f"`{arg}` must be finite. Received: a NaN or infinite value.")
+        finite = np.isfinite(arr)
+        if not finite.all():
+            raise ArgumentError(
+                f"{where}: `{arg}` must be finite. Received: {_bad_values(arr, finite)}."
+            )
         if probabilities and (arr.min() < 0.0 or arr.max() > 1.0):
             raise ArgumentError(
-                f"`{arg}` must lie in [0, 1] for this metric. "
-                f"Received: values in [{arr.min()}, {arr.max()}]."
+                f"{where}: `{arg}` must lie in [0, 1] for this metric. "
+                f"Received: {_bad_values(arr, (arr >= 0.0) & (arr <= 1.0))}."
             )
-    if w is not None and not (np.isfinite(w).all() and w.min() >= 0.0):
-        raise ArgumentError(
-            f"`weight` must be finite and non-negative. Received: values in [{w.min()}, {w.max()}]."
-        )
+    if w is not None:
+        ok = np.isfinite(w) & (w >= 0.0)
+        if not ok.all():
+            raise ArgumentError(
+                f"{where}: `weight` must be finite and non-negative. "
+                f"Received: {_bad_values(w, ok)}."
+            )
     return y, p, w
 
 
@@ -198,7 +224,9 @@ class Metric(abc.ABC):
             ArgumentError: If the shapes differ, a value is not finite, a
                 weight is negative, or a probability lies outside [0, 1].
         """
-        y, p, w = _check_inputs(y_true, y_pred, weight, probabilities=self.probabilities)
+        y, p, w = _check_inputs(
+            y_true, y_pred, weight, probabilities=self.probabilities, where=f"Metric {self.name!r}"
+        )
         if y.size:
             self._state += self._batch_state(y, p, w)
 
@@ -406,10 +434,11 @@ def exact_auc(y_true: ArrayLike, y_pred: ArrayLike, weight: ArrayLike | None = N
         ArgumentError: If the shapes differ, a value is not finite, a weight is
             negative, or a label lies outside [0, 1].
     """
-    y, p, w = _check_inputs(y_true, y_pred, weight, probabilities=False)
+    y, p, w = _check_inputs(y_true, y_pred, weight, probabilities=False, where="exact_auc")
     if y.size and (y.min() < 0.0 or y.max() > 1.0):
         raise ArgumentError(
-            f"`y_true` must lie in [0, 1]. Received: values in [{y.min()}, {y.max()}]."
+            "exact_auc: `y_true` must lie in [0, 1]. "
+            f"Received: {_bad_values(y, (y >= 0.0) & (y <= 1.0))}."
         )
     if y.size == 0:
         return float("nan")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,10 +14,19 @@ import torch
 
 from tnrec import metrics as metrics_lib
 from tnrec.distribute import current_strategy
-from tnrec.errors import ArgumentError, NonFiniteError
+from tnrec.errors import ArgumentError, DataError, NonFiniteError
 from tnrec.layers import EmbeddingFeatures
 from tnrec.layers.embedding import BagLayout, bag_layout
-from tnrec.losses import LOSSES, SINGLE, Head, LossFn, mse
+from tnrec.losses import (
+    LOSSES,
+    SINGLE,
+    Head,
+    LossFn,
+    label_problem,
+    label_range,
+    mse,
+    weight_problem,
+)
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
 from tnrec.ps import LocalPS, unique_inverse
 from tnrec.ps.unique import show_click
@@ -48,6 +58,12 @@ def _all_finite(t: torch.Tensor) -> bool:
     if t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad:
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
+
+
+def _names(names: list[str], most: int = 5) -> str:
+    """Return up to ``most`` quoted names and how many more there are."""
+    shown = ", ".join(f'"{n}"' for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 class Model(TrainingLoops, torch.nn.Module):
@@ -411,12 +427,18 @@ class Model(TrainingLoops, torch.nn.Module):
                         f"`loss` must be one of {sorted(LOSSES)} or a callable. Received: {spec!r}."
                     )
                 fn, prediction = LOSSES[spec]
+                loss_name: str | None = spec
             elif callable(spec):
-                fn, prediction = spec, "identity"
+                fn, prediction, loss_name = spec, "identity", None
             else:
                 raise ArgumentError(
                     f"`loss` for head {head!r} must be a name or callable. Received: {spec!r}."
                 )
+            # a Metric instance is copied: two heads never share state
+            head_metrics = [
+                metrics_lib.get(m if isinstance(m, str) else copy.deepcopy(m))
+                for m in metric_map.get(head, [])
+            ]
             self._heads.append(
                 Head(
                     name=head,
@@ -424,11 +446,9 @@ class Model(TrainingLoops, torch.nn.Module):
                     loss=fn,
                     prediction=prediction,
                     weight=float((loss_weights or {}).get(head, 1.0)),
-                    # a Metric instance is copied: two heads never share state
-                    metrics=[
-                        metrics_lib.get(m if isinstance(m, str) else copy.deepcopy(m))
-                        for m in metric_map.get(head, [])
-                    ],
+                    metrics=head_metrics,
+                    loss_name=loss_name,
+                    label_range=label_range(loss_name, head_metrics),
                 )
             )
         if head != SINGLE:
@@ -512,10 +532,44 @@ class Model(TrainingLoops, torch.nn.Module):
                 for m in h.metrics:
                     m.update(y, p, batch.weights)
 
-    def _global_size(self, batch: Any) -> tuple[float, float]:
-        """Return ``(rows, sum of sample weights)`` of the global batch (one all-reduce)."""
+    def _batch_problem(self, batch: Any) -> str | None:
+        """Return why this worker's ``batch`` cannot be trained or evaluated on (None if it can).
+
+        Labels outside their head's range and bad sample weights are checked per
+        batch: data files are read batch by batch, so this is where their values
+        first reach tnrec. One min and one max per label and weight column.
+        """
+        if batch.size == 0:
+            return None
+        for h in self._heads:
+            if h.label_range is not None:
+                name = h.label if h.label is not None else batch.label_names[0]
+                problem = label_problem(h, self._label(h, batch), name, batch.row_ids)
+                if problem is not None:
+                    return problem
+        return weight_problem(batch.weights, batch.row_ids)
+
+    def _global_size(self, batch: Any, where: str) -> tuple[float, float]:
+        """Return ``(rows, sum of sample weights)`` of the global batch (one all-reduce).
+
+        The same all-reduce tells every worker whether any worker's batch failed
+        :meth:`_batch_problem`, so all of them raise at the same step.
+
+        Raises:
+            DataError: a label lies outside its head's range, or a sample weight is
+                negative or not finite, in this worker's batch or another's.
+        """
+        problem = self._batch_problem(batch)
         w = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
-        total = self.ps.all_reduce_sum(np.array([batch.size, w], np.float64))
+        flag = problem is not None
+        total = self.ps.all_reduce_sum(np.array([batch.size, 0.0 if flag else w, flag]))
+        if problem is not None:
+            raise DataError(f"{where}: {problem} Nothing was updated.")
+        if total[2]:
+            raise DataError(
+                f"{where}: {int(total[2])} other worker(s) got a batch with invalid labels or "
+                "sample weights; their errors name the rows. Nothing was updated."
+            )
         return float(total[0]), float(total[1])
 
     # ------------------------------------------------------------------ steps
@@ -531,10 +585,14 @@ class Model(TrainingLoops, torch.nn.Module):
             itself in one process; the terms of all workers add up to it).
 
         Raises:
-            NonFiniteError: a gradient is NaN or infinite on any worker; no
-                table and no dense parameter is updated.
+            DataError: a label lies outside its head's range (for the loss and
+                the metrics) or a sample weight is negative or not finite, on
+                any worker; nothing is updated.
+            NonFiniteError: the loss or a gradient is NaN or infinite on any
+                worker; no table and no dense parameter is updated.
         """
-        rows, weight = self._global_size(batch)
+        where = f"{type(self).__name__}.train_step (step {self.global_step + 1})"
+        rows, weight = self._global_size(batch, where)
         if rows == 0:
             return {}
         opt = self.optimizer
@@ -546,18 +604,18 @@ class Model(TrainingLoops, torch.nn.Module):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in self.parameters() if p.requires_grad]
-        bad_sparse = sum(
-            int(tm.E.grad is not None and not _all_finite(tm.E.grad)) for tm in step.values()
+        # per worker: [loss not finite, then one flag per table]; summed: workers per flag
+        bad = np.array(
+            [
+                not math.isfinite(float(loss.detach())),
+                *(tm.E.grad is not None and not _all_finite(tm.E.grad) for tm in step.values()),
+            ],
+            np.float64,
         )
-        flags = self.ps.all_reduce_grads(params, np.array([bad_sparse], np.float64))
-        bad_dense = any(p.grad is not None and not _all_finite(p.grad) for p in params)
-        if flags[0] or bad_dense:
+        flags = self.ps.all_reduce_grads(params, bad)
+        if flags.any() or not all(p.grad is None or _all_finite(p.grad) for p in params):
             self._release()
-            raise NonFiniteError(
-                f"{type(self).__name__}.train_step: the loss or a gradient is NaN or infinite "
-                f"(sparse on {int(flags[0])} worker(s), dense: {bad_dense}); nothing was updated. "
-                "Check the inputs, the loss and the learning rates."
-            )
+            raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags)}")
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
         self.push()
@@ -565,9 +623,45 @@ class Model(TrainingLoops, torch.nn.Module):
         self._update_metrics(batch, preds)
         return {"loss": float(loss.detach())}
 
-    def test_step(self, batch: Any) -> dict[str, float]:
-        """One evaluation step (no table changes): pull without creating, forward, metrics."""
-        rows, weight = self._global_size(batch)
+    def _non_finite(self, tables: list[str], flags: npt.NDArray[np.float64]) -> str:
+        """Say which of the loss, the tables and the dense parameters went NaN or infinite."""
+        W = self.ps.world_size
+        on = (lambda n: f" on {int(n)} of {W} workers") if W > 1 else (lambda n: "")
+        parts = [f"the loss{on(flags[0])}"] if flags[0] else []
+        bad_tables = [t for t, f in zip(tables, flags[1:], strict=True) if f]
+        if bad_tables:
+            most = int(flags[1:].max())
+            parts.append(f"the gradients of table(s) {_names(bad_tables)}{on(most)}")
+        dense = [
+            n
+            for n, p in self.named_parameters()
+            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
+        ]
+        if dense:
+            parts.append(f"the gradients of dense parameter(s) {_names(dense)}")
+        return (
+            f"{'; '.join(parts)} are NaN or infinite, so nothing was updated. Lower the "
+            "learning rates (a diverging model overflows); check the inputs for NaN or huge "
+            "values (dense features, labels, sample weights); check a custom loss for log(0) "
+            "or a division by zero."
+        )
+
+    def test_step(self, batch: Any) -> dict[str, Any]:
+        """One evaluation step (no table changes): pull without creating, forward, metrics.
+
+        Override it to change the step; ``evaluate`` calls it once per batch. A
+        step whose global batch is empty does nothing and returns ``{}``.
+
+        Returns:
+            ``{"loss": ..., "predictions": {head: float32[B]}}``: this worker's
+            term of the step's loss and each head's predictions, which
+            ``evaluate(exact_auc=True)`` gathers.
+
+        Raises:
+            DataError: a label lies outside its head's range or a sample weight
+                is negative or not finite, on any worker.
+        """
+        rows, weight = self._global_size(batch, f"{type(self).__name__}.test_step")
         if rows == 0:
             return {}
         with torch.no_grad():
@@ -576,8 +670,7 @@ class Model(TrainingLoops, torch.nn.Module):
             loss, preds = self.compute_loss(batch, outputs, norm=weight)
         self._release()
         self._update_metrics(batch, preds)
-        self._last_preds = preds
-        return {"loss": float(loss)}
+        return {"loss": float(loss), "predictions": {h: p.numpy() for h, p in preds.items()}}
 
     def predict_step(self, batch: Any) -> dict[str, npt.NDArray[np.float32]]:
         """Return each head's predictions for ``batch`` (no table changes)."""

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tnrec import metrics as metrics_lib
 from tnrec.callbacks import Callback, History, ProgressBar
-from tnrec.errors import ArgumentError
+from tnrec.errors import ArgumentError, DataError
 from tnrec.losses import SINGLE, Head
 
 
@@ -20,7 +21,6 @@ class TrainingLoops:
     """
 
     _heads: list[Head]
-    _last_preds: dict[str, Any]
     _loss_state: np.ndarray
     stop_training: bool
     global_step: int
@@ -33,7 +33,7 @@ class TrainingLoops:
         def train(self, mode: bool = True) -> Any: ...
         def eval(self) -> Any: ...
         def train_step(self, batch: Any) -> dict[str, float]: ...
-        def test_step(self, batch: Any) -> dict[str, float]: ...
+        def test_step(self, batch: Any) -> dict[str, Any]: ...
         def predict_step(self, batch: Any) -> dict[str, np.ndarray]: ...
         def _label(self, head: Head, batch: Any) -> np.ndarray: ...
         def _require_compiled(self, verb: str) -> None: ...
@@ -190,24 +190,48 @@ class TrainingLoops:
             steps: stop after this many batches.
             verbose: 1 prints one line with the results (rank 0).
             exact_auc: also gather every prediction (from every worker) and
-                report the exact ``auc_exact`` (per head) next to the streaming ``auc``.
+                report the exact ``auc_exact`` (per head) next to the streaming
+                ``auc``; the predictions are the ``"predictions"`` that
+                :meth:`test_step` returns.
+
+        Raises:
+            DataError: ``data`` holds no rows (on any worker, within ``steps``),
+                or its rows' sample weights are all 0: there is nothing to
+                evaluate. Also a label outside its head's range or a bad sample
+                weight (see :meth:`test_step`).
+            ArgumentError: ``exact_auc`` with a :meth:`test_step` that returns
+                no ``"predictions"``.
         """
         self._require_compiled("evaluate")
         was_training = self.training
         self.eval()
         self._reset_metrics()
         kept: dict[str, list[tuple[Any, Any, Any]]] = {h.name: [] for h in self._heads}
+        seen = np.zeros(2, np.float64)  # [rows, sum of sample weights], this worker
         try:
             for batch in self._synced(self._worker_part(data), steps):
-                self.test_step(batch)
+                logs = self.test_step(batch)
+                w = batch.weights if batch.weights is not None else np.ones(batch.size)
+                seen += (batch.size, float(w.sum()))
                 if exact_auc and batch.size:
+                    preds = self._step_predictions(logs)
                     for h in self._heads:
-                        w = batch.weights if batch.weights is not None else np.ones(batch.size)
-                        kept[h.name].append(
-                            (self._label(h, batch), self._last_preds[h.name].numpy(), w)
-                        )
+                        kept[h.name].append((self._label(h, batch), preds[h.name], w))
         finally:
             self.train(was_training)
+        rows, weight = self.ps.all_reduce_sum(seen)
+        if rows == 0 or weight == 0:
+            W = self.ps.world_size
+            where = f" (over all {W} workers)" if W > 1 else ""
+            raise DataError(
+                f"{type(self).__name__}.evaluate: "
+                + (
+                    f"the input holds no rows{where}"
+                    if rows == 0
+                    else f"all {int(rows)} rows of the input{where} have sample weight 0"
+                )
+                + "; there is nothing to evaluate. Check the reader's files (and `steps`)."
+            )
         logs = self._metric_logs(reduce=True)
         if exact_auc:
             for h in self._heads:
@@ -226,11 +250,35 @@ class TrainingLoops:
             print("evaluate - " + " - ".join(f"{k}: {v:.4g}" for k, v in logs.items()), flush=True)
         return logs
 
-    def predict(self, data: Iterable[Any], steps: int | None = None) -> dict[str, np.ndarray]:
+    def _step_predictions(self, logs: Any) -> Mapping[str, Any]:
+        """Return the ``"predictions"`` by head of a :meth:`test_step` result.
+
+        Raises:
+            ArgumentError: the result has no predictions for every head.
+        """
+        preds = logs.get("predictions") if isinstance(logs, Mapping) else None
+        if not isinstance(preds, Mapping) or any(h.name not in preds for h in self._heads):
+            got = sorted(logs) if isinstance(logs, Mapping) else type(logs).__name__
+            raise ArgumentError(
+                f"{type(self).__name__}.evaluate(exact_auc=True) gathers the predictions that "
+                "test_step returns: it must return {'predictions': {head: float[B]}, ...} with "
+                f"every head {[h.name for h in self._heads]}. Received: {got}."
+            )
+        return preds
+
+    def predict(
+        self, data: Iterable[Any], steps: int | None = None, verbose: int = 0
+    ) -> dict[str, np.ndarray]:
         """Return row ids, labels and predictions over ``data``, as TensorNet does.
 
         No table changes. Under a :class:`~tnrec.distribute.PsStrategy` each
         worker returns the rows of its own part (write one file per worker).
+
+        Args:
+            data: batches (split per worker like in :meth:`fit`).
+            steps: stop after this many batches.
+            verbose: 1 prints one line with the rows predicted and the speed
+                (rank 0, its own rows); 0 (the default) prints nothing.
 
         Returns:
             ``{"row_id": int64[N], <label name>: float32[N] ..., "prediction": float32[N]}``
@@ -239,6 +287,7 @@ class TrainingLoops:
         was_training = self.training
         self.eval()
         out: dict[str, list[np.ndarray]] = {"row_id": []}
+        start = time.perf_counter()
         try:
             for batch in self._synced(self._worker_part(data), steps):
                 preds = self.predict_step(batch)
@@ -251,7 +300,16 @@ class TrainingLoops:
                     ).append(p)
         finally:
             self.train(was_training)
-        return {
+        result = {
             k: np.concatenate(v) if v else np.zeros(0, np.int64 if k == "row_id" else np.float32)
             for k, v in out.items()
         }
+        if verbose and self.ps.rank == 0:
+            rows, secs = result["row_id"].shape[0], time.perf_counter() - start
+            mine = " (this worker's part)" if self.ps.world_size > 1 else ""
+            print(
+                f"predict - {rows} rows{mine} - {secs:.1f}s - "
+                f"{rows / max(secs, 1e-9):,.0f} samples/s",
+                flush=True,
+            )
+        return result

@@ -9,7 +9,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 import tnrec as tn
 from tnrec.callbacks import Callback, ProgressBar
-from tnrec.errors import ArgumentError
+from tnrec.errors import ArgumentError, DataError, NonFiniteError
 from tnrec.table import SGD, AdaGrad, zeros
 
 fc = tn.feature_column
@@ -142,7 +142,8 @@ def test_empty_batch_is_a_no_op(make_batch, batches):
     assert len(m.tables["emb"]) == 0
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v, before[k])
-    assert m.evaluate([empty], verbose=0)["loss"] == 0.0
+    with pytest.raises(DataError, match=r"Small.evaluate: the input holds no rows; there is"):
+        m.evaluate([empty], verbose=0)
     assert m.predict([empty])["prediction"].shape == (0,)
     h = m.fit([empty, *batches(2, 8)], verbose=0)
     assert len(h.history["loss"]) == 1
