@@ -7,6 +7,7 @@
     tnrec evaluate --model-dir runs/deepfm/model       # the config's test data, or --data ...
     tnrec predict --model-dir runs/deepfm/model --output preds.parquet [--merge]
     tnrec export --model-dir runs/deepfm/model [--dt DT] --out export/ [--min-show X] [--onnx]
+                 [--allow-incomplete]
     tnrec export --model-dir runs/deepfm/model --delta --since DT1 --to DT2 --out delta/
     tnrec inspect runs/deepfm/model[/DT] [--table T --key K] [--json]
     torchrun --nproc-per-node 2 -m tnrec.cli train --config run.toml
@@ -17,12 +18,20 @@ configuration (TOML) is described in :mod:`tnrec.models.config`; every error
 names the key and the file. ``train``, ``evaluate`` and ``predict`` run on
 every worker a launcher starts (``torchrun``); only rank 0 prints and writes
 shared files.
+
+Every JSON the command prints or appends to the run log is strict JSON: a
+non-finite number (an AUC of data with one label is NaN) is written as
+``null``. Exit status: 0 on success; 2 for a user error (one line
+``tnrec <command>: error: ...`` on stderr, naming the key, flag, file or
+path); 1 for an operating-system error (a full disk, a permission), with the
+path.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -40,7 +49,7 @@ from tnrec import checkpoint
 from tnrec.daily import DayReport, train_days
 from tnrec.data import Reader
 from tnrec.distribute import PsStrategy, current_strategy, launch_env
-from tnrec.errors import ArgumentError, CheckpointError, TnrecError
+from tnrec.errors import ArgumentError, CheckpointError, DistributedError, TnrecError
 from tnrec.inspection import _no_checkpoint, inspect
 from tnrec.models import ZooModel, build
 from tnrec.models.artifacts import (
@@ -53,8 +62,9 @@ from tnrec.models.artifacts import (
 from tnrec.models.config import (
     ConfigError,
     RunConfig,
+    check_inputs,
     config_from_dict,
-    day_files,
+    key_digests,
     load_config,
     make_columns,
     make_optimizer,
@@ -69,10 +79,110 @@ CONFIG_FILE = "config.json"
 GLOB_DAY = "train"  # the day label of a config with data.train globs instead of days
 
 
-def _strategy() -> PsStrategy:
-    """The current strategy, created from the launcher's environment on first use."""
+def _strategy(timeout_s: float | None = None) -> PsStrategy:
+    """The current strategy; created on first use from the launcher's environment.
+
+    ``timeout_s`` (``distributed.timeout_s``, or ``--timeout-s``) is the
+    collective timeout of the process group this creates; an existing strategy is kept.
+    """
     s = current_strategy()
-    return s if s is not None else PsStrategy()
+    if s is not None:
+        return s
+    return PsStrategy() if timeout_s is None else PsStrategy(timeout_s=timeout_s)
+
+
+# ----------------------------------------------------------------- checks of numbers, paths, JSON
+
+
+def _number_problem(value: Any, kind: type, minimum: float, above: bool) -> str | None:
+    """What is wrong with ``value`` as a finite ``kind`` >= ``minimum`` (> with ``above``)."""
+    ok = (
+        isinstance(value, (int, float) if kind is float else int)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > minimum if above else value >= minimum)
+    )
+    if ok:
+        return None
+    what = "an int" if kind is int else "a finite number"
+    return f"must be {what} {'>' if above else '>='} {minimum:g}"
+
+
+def check_number(
+    name: str, value: Any, kind: type = float, minimum: float = 0, above: bool = False
+) -> Any:
+    """Return ``value`` if it is a finite ``kind`` >= ``minimum`` (> ``minimum`` with ``above``).
+
+    Raises:
+        ArgumentError: otherwise, naming ``name``.
+    """
+    problem = _number_problem(value, kind, minimum, above)
+    if problem is not None:
+        raise ArgumentError(f"{name} {problem}. Received: {value!r}.")
+    return value
+
+
+def number_arg(kind: type, minimum: float = 0, above: bool = False) -> Callable[[str], Any]:
+    """Return an argparse ``type=`` that parses a finite ``kind`` >= ``minimum`` (> with ``above``).
+
+    NaN, infinities, values out of range and text that is not a ``kind`` are
+    refused with argparse's usage error (exit 2), naming the flag.
+    """
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = text
+        problem = _number_problem(value, kind, minimum, above)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{problem}. Received: {text!r}.")
+        return value
+
+    return parse
+
+
+def _dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a directory (it, or the nearest existing parent, is a file)."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        return None if os.path.isdir(path) else f"{path} is an existing file, not a directory"
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent) and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{path} cannot be created: {parent} is a file, not a directory"
+    return None
+
+
+def _make_dir(path: str, label: str) -> None:
+    """Create directory ``path``; an error names ``label`` (the key or flag) and the path."""
+    problem = _dir_problem(path)
+    if problem is None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            problem = f"cannot create {path}: {e.strerror}"
+    if problem is not None:
+        raise ConfigError(f"{label}: {problem}.")
+
+
+def _finite_or_null(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, inf) replaced by None; numpy scalars as Python."""
+    if isinstance(obj, dict):
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def to_json(obj: Any, **kwargs: Any) -> str:
+    """Return ``obj`` as strict JSON: a non-finite number becomes ``null``."""
+    return json.dumps(_finite_or_null(obj), allow_nan=False, **kwargs)
 
 
 def _model_params(cfg: RunConfig) -> dict[str, Any]:
@@ -107,24 +217,55 @@ def build_model(cfg: RunConfig) -> ZooModel:
 
 
 def _days(cfg: RunConfig) -> list[tuple[str, Callable[[], Reader]]]:
-    """``(dt, make_reader)`` of every training day, in order; every day's files checked first."""
+    """``(dt, make_reader)`` of every training day, in order (check the inputs first)."""
     shuffle = cfg.data["shuffle"]
     if cfg.data["train"]:
-        make_reader(cfg, "train")  # checks the patterns now
         return [(GLOB_DAY, lambda: make_reader(cfg, "train", shuffle=shuffle))]
-    days = list(cfg.data["train_days"])
-    for dt in days:
-        day_files(cfg, "train", [dt])
 
     def maker(dt: str) -> Callable[[], Reader]:
         return lambda: make_reader(cfg, "train", days=[dt], shuffle=shuffle)
 
-    return [(dt, maker(dt)) for dt in days]
+    return [(dt, maker(dt)) for dt in cfg.data["train_days"]]
+
+
+def _check_same_config(strategy: PsStrategy, cfg: RunConfig) -> None:
+    """Fail on every worker, naming the keys, when the workers' configs or model dirs differ.
+
+    Each worker puts the digest of every config key (:func:`key_digests`) in
+    its row of a ``[W, K]`` float64 table; one all-reduce sums the rows, so
+    every worker sees every worker's digests and compares them with rank 0's.
+    """
+    if strategy.comm is None:
+        return
+    keys, digests = zip(*key_digests(cfg), strict=True)
+    table = torch.zeros((strategy.world_size, len(keys)), dtype=torch.float64)  # [W, K]
+    table[strategy.rank] = torch.tensor(digests, dtype=torch.float64)
+    strategy.comm.all_reduce_sum(table, "compare the workers' run configs")
+    differ = {
+        r: [k for k, a, b in zip(keys, table[0].tolist(), table[r].tolist(), strict=True) if a != b]
+        for r in range(1, strategy.world_size)
+    }
+    lines = [f"rank {r} differs from rank 0 in {', '.join(ks)}" for r, ks in differ.items() if ks]
+    if lines:
+        raise ConfigError(
+            f"{cfg.source}: the workers were started with different run configs or model dirs: "
+            f"{'; '.join(lines)}. Start every worker with the same config and --output-dir."
+        )
+
+
+def _has_checkpoint(model_dir: str) -> bool:
+    """Whether ``model_dir`` holds a checkpoint (a ``_checkpoint`` pointer or a generation)."""
+    pointer = os.path.join(model_dir, checkpoint.POINTER)
+    return os.path.lexists(pointer) or bool(checkpoint.generations(model_dir))
 
 
 def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
-    """Refuse to train into a model dir that holds another model."""
-    if not os.path.isfile(os.path.join(model_dir, MODEL_FILE)):
+    """Refuse to train into a model dir whose checkpoint belongs to another model.
+
+    A ``model.json`` without a checkpoint (a run that failed before its first
+    save) is replaced by the new one.
+    """
+    if not os.path.isfile(os.path.join(model_dir, MODEL_FILE)) or not _has_checkpoint(model_dir):
         return
     old = read_model_json(model_dir)
     for key in ("model", "params", "sparse_optimizer", "feature_spec"):
@@ -135,11 +276,60 @@ def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
             )
 
 
+def _check_run_dirs(cfg: RunConfig) -> None:
+    """Refuse an ``output_dir`` or model dir that is a file (or lies under one)."""
+    key = '"checkpoint.dir"' if cfg.checkpoint["dir"] else '"output_dir"'
+    for label, path in (('"output_dir"', cfg.output_dir), (key, cfg.model_dir)):
+        problem = _dir_problem(path)
+        if problem is not None:
+            raise ConfigError(f"{cfg.source}: {label}: {problem}.")
+
+
+def _write_run_files(cfg: RunConfig, doc: dict[str, Any]) -> None:
+    """Rank 0: check the model dir, create the dirs, write ``model.json`` and ``config.json``."""
+    _check_same_model(cfg.model_dir, doc)
+    key = '"checkpoint.dir"' if cfg.checkpoint["dir"] else '"output_dir"'
+    _make_dir(cfg.output_dir, f'{cfg.source}: "output_dir"')
+    _make_dir(cfg.model_dir, f"{cfg.source}: {key}")
+    write_model_json(cfg.model_dir, doc)
+    path = os.path.join(cfg.output_dir, CONFIG_FILE)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(to_json(cfg.to_dict(), indent=2))
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror}.") from None
+
+
+def _on_rank0(strategy: PsStrategy, step: Callable[[], None], what: str) -> None:
+    """Run ``step`` on rank 0; if it fails, every worker fails (no worker waits for a timeout).
+
+    Raises:
+        TnrecError: rank 0's error on rank 0.
+        DistributedError: on the other workers, when rank 0 failed.
+    """
+    err: TnrecError | None = None
+    if strategy.rank == 0:
+        try:
+            step()
+        except TnrecError as e:
+            err = e
+    if strategy.comm is not None:
+        failed = torch.tensor([float(err is not None)], dtype=torch.float64)
+        strategy.comm.broadcast(failed, what)  # also the barrier after rank 0's writes
+        if err is None and failed.item():
+            raise DistributedError(
+                f"rank {strategy.rank}/{strategy.world_size}: rank 0 failed to {what} "
+                "(rank 0's error names the cause); stopping."
+            )
+    if err is not None:
+        raise err
+
+
 def _append_runlog(out_dir: str, records: Sequence[dict[str, Any]]) -> str:
     path = os.path.join(out_dir, RUNLOG_FILE)
     with open(path, "a", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r) + "\n")
+            f.write(to_json(r) + "\n")
     return path
 
 
@@ -160,9 +350,11 @@ def _day_record(day: DayReport) -> dict[str, Any]:
 def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict[str, Any]:
     """Train the configured days in order into the model dir (checkpoint root); evaluate on test.
 
-    A day already complete in the checkpoint is skipped; an interrupted day
-    resumes from its saved input position (``checkpoint.save_every_n_steps``).
-    Before each day's save the tables decay and evict by ``[eviction]``. Rank 0
+    Before anything is built or written, the workers compare their configs and
+    model dirs, and every input (each day, the test data) is checked. A day
+    already complete in the checkpoint is skipped; an interrupted day resumes
+    from its saved input position (``checkpoint.save_every_n_steps``). Before
+    each day's save the tables decay and evict by ``[eviction]``. Rank 0
     writes ``model.json``, ``config.json``, prints one line per day and
     appends them to ``runlog.jsonl``.
 
@@ -176,27 +368,27 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
         and ``val_*`` metrics on the test data when the config has some.
 
     Raises:
-        ConfigError: ``train.steps_per_epoch`` is set, a day has no files, or the
-            model dir holds another model.
+        ConfigError: ``train.steps_per_epoch`` is set, the workers' configs or
+            model dirs differ, an input matches no file or holds no rows,
+            ``output_dir`` or the model dir is a file, or the model dir holds
+            another model's checkpoint.
+        DistributedError: on the other workers when rank 0 cannot write the model dir.
     """
     if cfg.train["steps_per_epoch"] is not None:
         raise ConfigError(
             f'{cfg.source}: "train.steps_per_epoch" is not supported by the daily cycle of '
             "`tnrec train` (every day is trained in full); remove it."
         )
-    strategy = _strategy()
+    strategy = _strategy(cfg.distributed["timeout_s"])
     rank = strategy.rank
+    _check_same_config(strategy, cfg)
+    _check_run_dirs(cfg)
+    check_inputs(cfg)
     days = _days(cfg)
     model = build_model(cfg)
     model_dir = cfg.model_dir
     doc = model_doc(model, _model_params(cfg), make_policy(cfg), cfg.to_dict())
-    if rank == 0:
-        _check_same_model(model_dir, doc)
-        os.makedirs(cfg.output_dir, exist_ok=True)
-        write_model_json(model_dir, doc)
-        with open(os.path.join(cfg.output_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(cfg.to_dict(), f, indent=2)
-    strategy.barrier()
+    _on_rank0(strategy, lambda: _write_run_files(cfg, doc), "prepare the model dir")
     start = time.perf_counter()
     ck = cfg.checkpoint
     # Per-step and per-epoch records (rows, samples/s, input wait, metrics): rank 0 only.
@@ -253,30 +445,75 @@ def _resolve_model_dir(path: str) -> str:
     )
 
 
-def _load_run(model_dir: str) -> tuple[ZooModel, RunConfig]:
-    """Rebuild the model of a model dir (sharded under a strategy) and its run config."""
-    _strategy()
+def _load_run(model_dir: str, timeout_s: float | None = None) -> tuple[ZooModel, RunConfig]:
+    """Rebuild the model of a model dir (sharded under a strategy) and its run config.
+
+    The strategy, when this creates it, takes ``timeout_s`` or else the run
+    config's ``distributed.timeout_s``.
+    """
     root = _resolve_model_dir(model_dir)
-    model, doc = load_model(root)
     where = os.path.join(root, MODEL_FILE)
+    doc = read_model_json(root)
     if not doc.get("config"):
         raise ConfigError(f"{where} holds no run config; it was not written by `tnrec train`.")
-    return model, config_from_dict(doc["config"], where)
+    cfg = config_from_dict(doc["config"], where)
+    _strategy(cfg.distributed["timeout_s"] if timeout_s is None else timeout_s)
+    model, _ = load_model(root)
+    return model, cfg
+
+
+def _worker_part(reader: Reader) -> Reader:
+    """This worker's part of ``reader`` (the reader itself in one process)."""
+    s = _strategy()
+    return reader.split(s.rank, s.world_size) if s.world_size > 1 else reader
+
+
+def _require_rows(model: ZooModel, part: Reader, data: Sequence[str] | None) -> None:
+    """Refuse a result over no rows: every row of the input was bad and skipped.
+
+    Raises:
+        ArgumentError: no worker read a row (names the input and the bad rows).
+    """
+    rows, bad = model.ps.all_reduce_sum(
+        np.array([part.stats.rows, part.stats.bad_rows], np.float64)
+    )
+    if rows == 0:
+        what = "--data " + " ".join(data) if data else "the run config's test data"
+        raise ArgumentError(
+            f"{what}: the input holds no rows that can be read ({int(bad)} bad rows skipped "
+            '(data.on_bad_row = "skip")).'
+        )
 
 
 def evaluate(
-    model_dir: str, data: Sequence[str] | None = None, verbose: int = 1
+    model_dir: str,
+    data: Sequence[str] | None = None,
+    verbose: int = 1,
+    timeout_s: float | None = None,
 ) -> dict[str, float]:
     """Evaluate a trained model on its config's test data (or ``data`` patterns).
 
     Under torchrun every worker reads its part; the metrics are global.
 
+    Args:
+        model_dir: the model dir (or the output dir) of ``tnrec train``.
+        data: input patterns (default: the config's test data).
+        verbose: 1 prints the results (rank 0).
+        timeout_s: the collective timeout (default: the run config's).
+
     Returns:
-        loss, auc, logloss and the exact AUC (``auc_exact``).
+        loss, auc, logloss and the exact AUC (``auc_exact``). An AUC of data
+        with one label only is NaN.
+
+    Raises:
+        ArgumentError: the input matches no file or holds no rows (named).
+        ConfigError: the same for the config's test data.
     """
-    model, cfg = _load_run(model_dir)
-    reader = make_reader(cfg, "test", paths=data)
-    return model.evaluate(reader, verbose=verbose, exact_auc=True)
+    model, cfg = _load_run(model_dir, timeout_s)
+    part = _worker_part(make_reader(cfg, "test", paths=data))
+    logs = model.evaluate(part, verbose=verbose, exact_auc=True)
+    _require_rows(model, part, data)
+    return logs
 
 
 def part_path(output: str, rank: int, world: int, kind: str) -> str:
@@ -285,14 +522,26 @@ def part_path(output: str, rank: int, world: int, kind: str) -> str:
     return f"{base}.part-{rank}-of-{world}.{kind}"
 
 
+def _check_output_file(path: str) -> None:
+    """Refuse an ``--output`` that is a directory or lies under a file."""
+    if os.path.isdir(path):
+        raise ArgumentError(f"--output {path} is a directory; give a file name.")
+    problem = _dir_problem(os.path.dirname(os.path.abspath(path)))
+    if problem is not None:
+        raise ArgumentError(f"--output {path}: {problem}.")
+
+
 def _write_table(table: pa.Table, path: str, kind: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
-    if kind == "csv":
-        pa_csv.write_csv(table, tmp)
-    else:
-        pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if kind == "csv":
+            pa_csv.write_csv(table, tmp)
+        else:
+            pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ArgumentError(f"--output {path}: cannot write: {e}") from None
 
 
 def _read_table(path: str, kind: str) -> pa.Table:
@@ -305,6 +554,7 @@ def predict(
     data: Sequence[str] | None = None,
     fmt: str | None = None,
     merge: bool = False,
+    timeout_s: float | None = None,
 ) -> int:
     """Write ``row_id``, labels and ``prediction`` of the test data (or ``data``) to ``output``.
 
@@ -318,18 +568,24 @@ def predict(
         data: input patterns (default: the config's test data).
         fmt: ``parquet`` or ``csv`` (default: from the extension of ``output``).
         merge: merge the workers' files into ``output``.
+        timeout_s: the collective timeout (default: the run config's).
 
     Returns:
         The number of rows written by this worker (rank 0 after ``merge``: all rows).
 
     Raises:
-        ConfigError: unknown format.
+        ConfigError: unknown format; the config's test data matches no file or holds no rows.
+        ArgumentError: ``output`` cannot be written, ``data`` matches no file or
+            holds no rows; nothing is written then.
     """
     kind = fmt or ("csv" if output.lower().endswith(".csv") else "parquet")
     if kind not in ("parquet", "csv"):
         raise ConfigError(f"--format must be 'parquet' or 'csv'. Received: {kind!r}.")
-    model, cfg = _load_run(model_dir)
-    cols = model.predict(make_reader(cfg, "test", paths=data))
+    _check_output_file(output)
+    model, cfg = _load_run(model_dir, timeout_s)
+    part = _worker_part(make_reader(cfg, "test", paths=data))
+    cols = model.predict(part)
+    _require_rows(model, part, data)
     table = pa.table({k: pa.array(np.asarray(v)) for k, v in cols.items()})
     strategy = _strategy()
     rank, world = strategy.rank, strategy.world_size
@@ -352,6 +608,31 @@ def predict(
     return table.num_rows
 
 
+def _complete_checkpoint(path: str, allow_incomplete: bool) -> str:
+    """Return ``path`` unless its manifest marks its day incomplete (a mid-day checkpoint).
+
+    Raises:
+        ArgumentError: the day is incomplete and ``allow_incomplete`` is False.
+    """
+    manifest = checkpoint.read_manifest(path)
+    if (manifest.get("resume") or {}).get("day_complete") is False and not allow_incomplete:
+        raise ArgumentError(
+            f"{path}: day {manifest.get('dt')!r} is incomplete: its last checkpoint (generation "
+            f"{manifest.get('generation')}) was saved mid-day (the day's training was "
+            "interrupted or is still running). Pass --allow-incomplete to export it anyway."
+        )
+    return path
+
+
+def _check_new_dir(path: str, flag: str) -> None:
+    """Refuse an output directory that exists or cannot be created."""
+    if os.path.lexists(path):
+        raise ArgumentError(f"{flag} {path} already exists; choose a new directory.")
+    problem = _dir_problem(path)
+    if problem is not None:
+        raise ArgumentError(f"{flag} {problem}.")
+
+
 def export(
     model_dir: str,
     out: str,
@@ -362,6 +643,7 @@ def export(
     since: str | None = None,
     to: str | None = None,
     onnx: bool = False,
+    allow_incomplete: bool = False,
 ) -> str:
     """Write the inference export of a checkpoint (or a delta between two days) to ``out``.
 
@@ -369,36 +651,43 @@ def export(
     zoo model is rebuilt from ``model.json``, loaded with ``load_weights`` and
     exported with ``model.export``. With ``delta``, the rows updated and keys
     deleted between the last checkpoints of days ``since`` and ``to``
-    (:func:`tnrec.export.export_delta`).
+    (:func:`tnrec.export.export_delta`). A checkpoint whose manifest marks its
+    day incomplete (a mid-day save) is refused unless ``allow_incomplete``.
 
     Raises:
-        ArgumentError: run under several workers, or options that do not go together.
+        ArgumentError: run under several workers, options that do not go
+            together, ``min_show`` not a finite number >= 0, ``out`` exists or
+            cannot be created, or an incomplete day without ``allow_incomplete``.
         CheckpointError: no checkpoint (of the day) in ``model_dir``.
     """
     from tnrec import export as export_lib
 
     if launch_env().world_size > 1:
         raise ArgumentError("tnrec export runs in one process; launch it without torchrun.")
+    if min_show is not None:
+        check_number("--min-show", min_show)
+    if not delta and (since is not None or to is not None):
+        raise ArgumentError("--since and --to go with --delta.")
+    if delta and dt is not None:
+        raise ArgumentError("--delta takes --since DT1 and --to DT2, not --dt.")
+    if delta and (since is None or to is None):
+        raise ArgumentError("--delta needs --since DT1 and --to DT2.")
+    _check_new_dir(out, "--out")
     root = _resolve_model_dir(model_dir)
     if not delta:
-        if since is not None or to is not None:
-            raise ArgumentError("--since and --to go with --delta.")
         path = checkpoint.latest(root, dt)
         if path is None:
             raise CheckpointError(_no_checkpoint(root, dt))
+        _complete_checkpoint(path, allow_incomplete)
         model, _ = load_model(root, dt)
         dt_label = checkpoint.read_manifest(path)["dt"]
         return model.export(out, min_show=min_show, dt=dt_label, onnx=onnx)
-    if dt is not None:
-        raise ArgumentError("--delta takes --since DT1 and --to DT2, not --dt.")
-    if since is None or to is None:
-        raise ArgumentError("--delta needs --since DT1 and --to DT2.")
     dirs = []
     for day in (since, to):
         path = checkpoint.latest(root, day)
         if path is None:
             raise CheckpointError(_no_checkpoint(root, day))
-        dirs.append(path)
+        dirs.append(_complete_checkpoint(path, allow_incomplete))
     return export_lib.export_delta(dirs[0], dirs[1], out, min_show=min_show)
 
 
@@ -444,11 +733,28 @@ def demo(
 ) -> dict[str, Any]:
     """Generate synthetic Criteo-schema data, train DeepFM on it, compare with the optimal AUC.
 
+    Args:
+        rows: training rows (>= 1); the test day has a quarter as many.
+        epochs: passes over the training day (>= 1).
+        output_dir: keep the data and the run here (default: a new temp dir).
+        seed: the generator's and the run's seed (>= 0).
+
     Returns:
         ``test_auc``, ``optimal_auc``, ``samples_per_s`` and the output dir.
+
+    Raises:
+        ArgumentError: ``rows``, ``epochs`` or ``seed`` out of range, or
+            ``output_dir`` is a file (or lies under one).
     """
     from tnrec.data.synthetic import SyntheticConfig, generate
 
+    check_number("demo: `rows`", rows, int, 1)
+    check_number("demo: `epochs`", epochs, int, 1)
+    check_number("demo: `seed`", seed, int, 0)
+    if output_dir is not None:
+        problem = _dir_problem(output_dir)
+        if problem is not None:
+            raise ArgumentError(f"--output-dir {problem}.")
     out = output_dir or tempfile.mkdtemp(prefix="tnrec-demo-")
     print(f"tnrec demo: generating {rows:,} training rows of synthetic Criteo data in {out}/data")
     gen = generate(
@@ -485,23 +791,29 @@ def demo(
 
 
 def _parser() -> argparse.ArgumentParser:
+    positive_int = number_arg(int, 1)
+    timeout = number_arg(float, 0, above=True)
     p = argparse.ArgumentParser(prog="tnrec", description="tnrec: train and run zoo models.")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="synthetic data -> DeepFM -> test AUC vs optimal AUC")
-    d.add_argument("--rows", type=int, default=300_000, help="training rows (default 300000)")
-    d.add_argument("--epochs", type=int, default=1)
+    d.add_argument("--rows", type=positive_int, default=300_000, help="training rows (>= 1)")
+    d.add_argument("--epochs", type=positive_int, default=1, help="passes (>= 1)")
     d.add_argument("--output-dir", help="keep data and run here (default: a temp dir)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=number_arg(int, 0), default=0, help="(>= 0)")
     t = sub.add_parser("train", help="train the days of a TOML run config, a checkpoint a day")
     t.add_argument("--config", required=True, help="the run.toml")
     t.add_argument("--output-dir", help="override output_dir of the config")
     t.add_argument(
         "--eval-next-day", action="store_true", help="AUC on each day before training on it"
     )
+    t.add_argument("--timeout-s", type=timeout, help="override distributed.timeout_s (> 0)")
     for name in ("evaluate", "predict"):
         e = sub.add_parser(name, help=f"{name} with a model written by `tnrec train`")
         e.add_argument("--model-dir", required=True, help="the model dir (or output_dir)")
         e.add_argument("--data", nargs="+", help="input files/globs (default: the config's test)")
+        e.add_argument(
+            "--timeout-s", type=timeout, help="collective timeout (default: the run config's)"
+        )
         if name == "predict":
             e.add_argument("--output", required=True, help="predictions file (.parquet or .csv)")
             e.add_argument("--format", choices=("parquet", "csv"))
@@ -512,11 +824,18 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--model-dir", required=True)
     x.add_argument("--out", required=True, help="a new directory")
     x.add_argument("--dt", help="the last checkpoint of this day (default: the published one)")
-    x.add_argument("--min-show", type=float, help="drop rows whose show is below this")
+    x.add_argument(
+        "--min-show", type=number_arg(float, 0), help="drop rows whose show is below this (>= 0)"
+    )
     x.add_argument("--onnx", action="store_true", help="also write dense.onnx (needs onnx)")
     x.add_argument("--delta", action="store_true", help="rows updated/deleted --since --to")
     x.add_argument("--since", help="delta: the day of the full export it applies to")
     x.add_argument("--to", help="delta: the day it brings the export to")
+    x.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="export a day whose last checkpoint was saved mid-day",
+    )
     i = sub.add_parser("inspect", help="days, generations, tables of a model dir; one row")
     i.add_argument("path", metavar="MODEL_DIR[/DT]")
     i.add_argument("--table")
@@ -530,15 +849,17 @@ def _run(args: argparse.Namespace) -> None:
         demo(args.rows, args.epochs, args.output_dir, args.seed)
     elif args.command == "train":
         cfg = load_config(args.config, output_dir=args.output_dir)
+        if args.timeout_s is not None:
+            cfg.distributed["timeout_s"] = args.timeout_s
         logs = train(cfg, eval_next_day=args.eval_next_day)
         if _strategy().rank == 0:
-            print(json.dumps({k: v for k, v in logs.items() if k != "days"}))
+            print(to_json({k: v for k, v in logs.items() if k != "days"}))
     elif args.command == "evaluate":
-        logs = evaluate(args.model_dir, args.data, verbose=0)
+        logs = evaluate(args.model_dir, args.data, verbose=0, timeout_s=args.timeout_s)
         if _strategy().rank == 0:
-            print(json.dumps(logs))
+            print(to_json(logs))
     elif args.command == "predict":
-        n = predict(args.model_dir, args.output, args.data, args.format, args.merge)
+        n = predict(args.model_dir, args.output, args.data, args.format, args.merge, args.timeout_s)
         s = _strategy()
         if s.rank == 0:
             where = args.output
@@ -556,6 +877,7 @@ def _run(args: argparse.Namespace) -> None:
             since=args.since,
             to=args.to,
             onnx=args.onnx,
+            allow_incomplete=args.allow_incomplete,
         )
         print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
     elif args.command == "inspect":
@@ -563,13 +885,26 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``tnrec`` command line; return the exit status (2 for a user error)."""
-    args = _parser().parse_args(argv)
+    """Run the ``tnrec`` command line; return the exit status.
+
+    0 on success (and ``--help``); 2 for a user error: a bad flag (argparse's
+    usage error) or a :class:`~tnrec.errors.TnrecError`, printed as one line
+    ``tnrec <command>: error: ...``; 1 for any other ``OSError``, printed
+    with its path.
+    """
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse has printed the usage error or the help
+        return e.code if isinstance(e.code, int) else 2
     try:
         _run(args)
     except TnrecError as e:
         print(f"tnrec {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        print(f"tnrec {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
     finally:
         s = current_strategy()
         if s is not None and s.is_distributed:

@@ -77,7 +77,7 @@ def last_json(capsys):
 
 def test_train_writes_checkpoints_model_json_and_run_log(trained):
     assert sorted(os.listdir(trained)) == ["config.json", "model", "runlog.jsonl"]
-    model = sorted(os.listdir(trained / "model"))
+    model = sorted(n for n in os.listdir(trained / "model") if not n.startswith("."))
     assert model == ["2024-05-10", "2024-05-11", "_checkpoint", "model.json"]
     assert checkpoint.generations(str(trained / "model")) == [("2024-05-10", 1), ("2024-05-11", 2)]
     doc = json.loads((trained / "model" / "model.json").read_text())

@@ -33,6 +33,7 @@ Every key, with its default::
     header = true                  # csv
     shuffle = true                 # training data, deterministic given seed
     prefetch = 2
+    on_bad_row = "raise"           # raise | skip: a row that cannot be decoded (every reader)
 
     [optimizer.sparse]             # the tables': adagrad | adam | sgd | ftrl + hyper-parameters
     type = "adagrad"
@@ -42,7 +43,7 @@ Every key, with its default::
     learning_rate = 0.001
 
     [train]
-    epochs = 1                     # passes over each day
+    epochs = 1                     # passes over each day (>= 1)
     batch_size = 4096
     steps_per_epoch = 100          # optional; not with the daily cycle of ``tnrec train``
     log_every = 100                # steps between log lines
@@ -58,9 +59,20 @@ Every key, with its default::
     max_unseen_days = 30           # optional: evict rows not pushed for more days than this
     combine = "any"                # any | all
 
+    [distributed]                  # under torchrun (tnrec.distribute.PsStrategy)
+    timeout_s = 300.0              # a collective not done within this fails, naming rank and phase
+
+Integers are checked against their range (``seed`` >= 0; ``embedding_dim``,
+``hidden_units``, ``epochs``, ``batch_size``, ``log_every``,
+``save_every_n_steps``, ``keep`` >= 1; ``cross_layers``, ``prefetch`` >= 0);
+every float, here and in ``[optimizer.*]``, must be finite (TOML's ``nan``
+and ``inf`` are refused).
+
 ``data.train_days`` are trained in order, one checkpoint per day; with
 ``data.train`` globs the whole input is one day labelled ``"train"``. An
-unknown key is an error that names the closest valid key.
+unknown key is an error that names the closest valid key. Every input (each
+training day, the test data) must match files that hold at least one row;
+:func:`check_inputs` checks them all before training starts.
 """
 
 from __future__ import annotations
@@ -68,12 +80,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import glob
+import hashlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import tomllib
 
 from tnrec.data import Reader, criteo_columns, list_files, read_criteo, read_csv, read_parquet
@@ -85,8 +101,11 @@ from tnrec.table import EvictionPolicy
 __all__ = [
     "ConfigError",
     "RunConfig",
+    "check_inputs",
     "config_from_dict",
     "day_files",
+    "input_files",
+    "key_digests",
     "load_config",
     "make_columns",
     "make_optimizer",
@@ -102,6 +121,7 @@ OPTIMIZERS: dict[str, type[SparseOptimizer]] = {
     "ftrl": Ftrl,
 }
 DEFAULT_PATTERN = {"parquet": "*.parquet", "csv": "*.csv", "criteo": "*"}
+BAD_ROW_MODES = ("raise", "skip")
 
 
 class ConfigError(ArgumentError):
@@ -139,6 +159,7 @@ SCHEMA: dict[str, Any] = {
         "header": Field(("bool",), True),
         "shuffle": Field(("bool",), True),
         "prefetch": Field(("int",), 2),
+        "on_bad_row": Field(("str",), "raise"),
     },
     "optimizer": {
         "sparse": Field(("table",), {"type": "adagrad", "learning_rate": 0.05}),
@@ -160,6 +181,9 @@ SCHEMA: dict[str, Any] = {
         "show_threshold": Field(("float",)),
         "max_unseen_days": Field(("int",)),
         "combine": Field(("str",), "any"),
+    },
+    "distributed": {
+        "timeout_s": Field(("float",), 300.0),
     },
 }
 
@@ -217,6 +241,8 @@ def _check_kind(where: str, path: str, field: Field, v: Any) -> Any:
     if v is None and field.default is None:  # an optional key left unset (config.json)
         return v
     if any(_kind_ok(k, v) for k in field.kinds):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f'{where}: "{path}" must be a finite number. Received: {v!r}.')
         return v
     want = " or ".join(k.replace("[", "list of ").replace("]", "s") for k in field.kinds)
     raise ConfigError(f'{where}: "{path}" must be {want}. Received: {v!r} ({type(v).__name__}).')
@@ -261,6 +287,7 @@ class RunConfig:
     train: dict[str, Any]
     checkpoint: dict[str, Any]
     eviction: dict[str, Any]
+    distributed: dict[str, Any]
 
     @property
     def has_test(self) -> bool:
@@ -304,13 +331,32 @@ def _check_values(where: str, c: RunConfig) -> None:
     positive("model.cross_layers", c.model["cross_layers"], 0)
     for i, u in enumerate(c.model["hidden_units"]):
         positive(f"model.hidden_units[{i}]", u)
-    positive("train.epochs", c.train["epochs"], 0)
+    positive("seed", c.seed, 0)
+    positive("train.epochs", c.train["epochs"])
     positive("train.batch_size", c.train["batch_size"])
     positive("train.steps_per_epoch", c.train["steps_per_epoch"])
     positive("train.log_every", c.train["log_every"])
     positive("data.prefetch", c.data["prefetch"], 0)
     positive("checkpoint.save_every_n_steps", c.checkpoint["save_every_n_steps"])
     positive("checkpoint.keep", c.checkpoint["keep"])
+    if c.distributed["timeout_s"] <= 0:
+        raise ConfigError(
+            f'{where}: "distributed.timeout_s" must be > 0. '
+            f"Received: {c.distributed['timeout_s']!r}."
+        )
+    if c.data["on_bad_row"] not in BAD_ROW_MODES:
+        raise ConfigError(
+            f'{where}: "data.on_bad_row" must be one of {BAD_ROW_MODES}. '
+            f"Received: {c.data['on_bad_row']!r}."
+        )
+    if len(c.data["delimiter"]) != 1:
+        raise ConfigError(
+            f'{where}: "data.delimiter" must be one character. Received: {c.data["delimiter"]!r}.'
+        )
+    days = c.data["train_days"] or []
+    repeated = sorted({d for d in days if days.count(d) > 1})
+    if repeated:
+        raise ConfigError(f'{where}: "data.train_days" repeats day(s) {repeated}; list each once.')
     if not (c.data["train"] or (c.data["dir"] and c.data["train_days"])):
         raise ConfigError(
             f'{where}: no training data: set "data.train" (files/globs) or "data.dir" and '
@@ -391,6 +437,7 @@ def config_from_dict(doc: dict[str, Any], where: str, output_dir: str | None = N
         v["train"],
         v["checkpoint"],
         v["eviction"],
+        v["distributed"],
     )
     _check_values(where, cfg)
     return cfg
@@ -482,14 +529,41 @@ def make_columns(cfg: RunConfig) -> list[Column]:
         raise ConfigError(f'{cfg.source}: "columns": {e}') from None
 
 
-def _expand(cfg: RunConfig, which: str, patterns: Sequence[str], key: str) -> list[str]:
+def _expand(patterns: Sequence[str], label: str, error: type[ArgumentError]) -> list[str]:
     files: list[str] = []
     for p in patterns:
         matches = sorted(m for m in glob.glob(p) if os.path.isfile(m))
         if not matches:
-            raise ConfigError(f'{cfg.source}: "{key}": pattern "{p}" matches no file.')
+            raise error(f'{label}: pattern "{p}" matches no file.')
         files.extend(matches)
     return files
+
+
+def _holds_rows(cfg: RunConfig, path: str) -> bool:
+    """Whether ``path`` holds a row: Parquet metadata, or text beyond the CSV header line."""
+    d = cfg.data
+    if d["format"] == "parquet":
+        try:
+            with pq.ParquetFile(path) as f:
+                return bool(f.metadata.num_rows > 0)
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f'file "{path}": cannot be read as Parquet: {e}') from None
+    try:
+        size = os.path.getsize(path)
+        if d["format"] == "csv" and d["header"] and size:
+            with open(path, "rb") as f:
+                return size > len(f.readline())
+        return size > 0
+    except OSError as e:
+        raise DataError(f'file "{path}": cannot be read: {e.strerror}') from None
+
+
+def _check_rows(
+    cfg: RunConfig, files: Sequence[str], label: str, error: type[ArgumentError]
+) -> None:
+    if not any(_holds_rows(cfg, f) for f in files):
+        shown = ", ".join(files[:3]) + (f", ... ({len(files)} files)" if len(files) > 3 else "")
+        raise error(f"{label}: the input holds no rows (files: {shown}).")
 
 
 def day_files(cfg: RunConfig, which: str, days: Sequence[str]) -> list[str]:
@@ -506,6 +580,65 @@ def day_files(cfg: RunConfig, which: str, days: Sequence[str]) -> list[str]:
         raise ConfigError(f'{cfg.source}: "data.{which}_days": {e}') from None
 
 
+def input_files(
+    cfg: RunConfig,
+    which: str,
+    *,
+    paths: Sequence[str] | None = None,
+    days: Sequence[str] | None = None,
+) -> list[str]:
+    """Return the checked files of the ``train`` or ``test`` data (or of ``paths``, or ``days``).
+
+    Args:
+        cfg: the run config.
+        which: ``"train"`` or ``"test"``.
+        paths: files/globs given on the command line (``--data``) instead of the config's.
+        days: days under ``data.dir`` instead of the config's.
+
+    Raises:
+        ConfigError: no such data in the config, a pattern or day matches no
+            file, or the files hold no rows (the error names the key and the
+            pattern or day).
+        ArgumentError: the same for ``paths`` (named ``--data``).
+        DataError: a Parquet file cannot be read (named).
+    """
+    d = cfg.data
+    error: type[ArgumentError] = ConfigError
+    if paths:
+        label, error = "--data " + " ".join(paths), ArgumentError
+        files = _expand([os.path.abspath(p) for p in paths], "--data", error)
+    elif days or (not d[which] and d["dir"] and d[f"{which}_days"]):
+        days = list(days or d[f"{which}_days"])
+        label = f'{cfg.source}: "data.{which}_days" {", ".join(days)}'
+        files = day_files(cfg, which, days)
+    elif d[which]:
+        label = f'{cfg.source}: "data.{which}"'
+        files = _expand(d[which], label, error)
+    else:
+        raise ConfigError(
+            f'{cfg.source}: no {which} data: set "data.{which}" or "data.dir" and '
+            f'"data.{which}_days" (or pass --data).'
+        )
+    _check_rows(cfg, files, label, error)
+    return files
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """Check every input of the config now: each training day (or the train globs), the test data.
+
+    Raises:
+        ConfigError: as :func:`input_files`.
+        DataError: as :func:`input_files`.
+    """
+    if cfg.data["train"]:
+        input_files(cfg, "train")
+    else:
+        for dt in cfg.data["train_days"]:
+            input_files(cfg, "train", days=[dt])
+    if cfg.has_test:
+        input_files(cfg, "test")
+
+
 def make_reader(
     cfg: RunConfig,
     which: str,
@@ -516,24 +649,16 @@ def make_reader(
 ) -> Reader:
     """Return the reader of the ``train`` or ``test`` data (or of ``paths``, or of ``days``).
 
+    The files are checked by :func:`input_files`; the reader takes
+    ``data.on_bad_row``.
+
     Raises:
-        ConfigError: no such data in the config, or a pattern/day matches no file
-            (the error names the key and the pattern).
+        ConfigError: as :func:`input_files`.
+        ArgumentError: as :func:`input_files`.
+        DataError: as :func:`input_files`.
     """
     d = cfg.data
-    if paths:
-        files = _expand(cfg, which, [os.path.abspath(p) for p in paths], "--data")
-    elif days:
-        files = day_files(cfg, which, days)
-    elif d[which]:
-        files = _expand(cfg, which, d[which], f"data.{which}")
-    elif d["dir"] and d[f"{which}_days"]:
-        files = day_files(cfg, which, d[f"{which}_days"])
-    else:
-        raise ConfigError(
-            f'{cfg.source}: no {which} data: set "data.{which}" or "data.dir" and '
-            f'"data.{which}_days" (or pass --data).'
-        )
+    files = input_files(cfg, which, paths=paths, days=days)
     cols = make_columns(cfg)
     common: dict[str, Any] = dict(
         batch_size=cfg.train["batch_size"],
@@ -541,9 +666,40 @@ def make_reader(
         seed=cfg.seed,
         prefetch=d["prefetch"],
         label=d["label"],
+        on_bad_row=d["on_bad_row"],
     )
     if d["format"] == "parquet":
         return read_parquet(files, cols, **common)
     if d["format"] == "csv":
         return read_csv(files, cols, delimiter=d["delimiter"], header=d["header"], **common)
     return read_criteo(files, cols, **common)
+
+
+def _leaf_keys(schema: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in schema.items():
+        out.extend(_leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k])
+    return out
+
+
+def _digest(value: Any) -> int:
+    text = json.dumps(value, sort_keys=True, allow_nan=False)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "big")
+
+
+def key_digests(cfg: RunConfig) -> list[tuple[str, int]]:
+    """Return ``(key, digest)`` of every config key and of ``model_dir``, in a fixed order.
+
+    A digest is the first 6 bytes of the sha256 of the resolved value's JSON:
+    an int below 2**48, exact in a float64, so workers can compare their
+    configs in one all-reduce and name the keys that differ.
+    """
+    doc = cfg.to_dict()
+    out = []
+    for key in _leaf_keys(SCHEMA):
+        value: Any = doc
+        for part in key.split("."):
+            value = value[part]
+        out.append((key, _digest(value)))
+    out.append(("model_dir", _digest(cfg.model_dir)))
+    return out
