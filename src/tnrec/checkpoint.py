@@ -108,18 +108,9 @@ def _scan(model_dir: str) -> list[tuple[str, int, bool]]:
 
 
 def _max_generation_on_disk(model_dir: str) -> int:
-    """The largest generation number used in ``model_dir``: directories and temporary ones."""
-    top = max((g for _, g, _ in _scan(model_dir)), default=0)
-    if os.path.isdir(model_dir):
-        for dt in os.listdir(model_dir):
-            day = os.path.join(model_dir, dt)
-            if dt.startswith((".", "_")) or not os.path.isdir(day):
-                continue
-            for entry in os.listdir(day):
-                m = _TMP.match(entry)
-                if m:
-                    top = max(top, int(m.group(1)))
-    return top
+    """The largest generation number of a directory in ``model_dir`` (temporary ones aside:
+    a killed save's ``.tmp-N`` is removed and its number reused)."""
+    return max((g for _, g, _ in _scan(model_dir)), default=0)
 
 
 def read_pointer(model_dir: str) -> Pointer | None:

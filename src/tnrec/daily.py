@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tnrec.callbacks import Callback, Checkpoint
+from tnrec.checkpoint import lock_for_run
 from tnrec.errors import ArgumentError
 
 
@@ -96,11 +97,47 @@ def train_days(
         One :class:`DayReport` per day.
 
     Raises:
-        ArgumentError: repeated day labels.
+        ArgumentError: repeated day labels, or ``epochs < 1``.
+        WriteError: another run holds the model dir.
     """
     labels = [dt for dt, _ in days]
     if len(set(labels)) != len(labels):
         raise ArgumentError(f"train_days: day labels must be unique. Received: {labels}.")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ArgumentError(
+            f"train_days: `epochs` must be an int >= 1 (a day trained on no rows is not "
+            f"complete). Received: epochs={epochs!r}."
+        )
+    with lock_for_run(model.ps, model_dir):
+        return _train_days(
+            model,
+            days,
+            model_dir,
+            epochs=epochs,
+            save_every_n_steps=save_every_n_steps,
+            keep=keep,
+            eval_next_day=eval_next_day,
+            verbose=verbose,
+            callbacks=callbacks,
+            wrap=wrap,
+        )
+
+
+def _train_days(
+    model: Any,
+    days: Sequence[tuple[str, Callable[[], Any]]],
+    model_dir: str,
+    *,
+    epochs: int,
+    save_every_n_steps: int | None,
+    keep: int | None,
+    eval_next_day: bool,
+    verbose: int,
+    callbacks: Sequence[Callback],
+    wrap: Callable[[Any], Any] | None,
+) -> list[DayReport]:
+    """:func:`train_days` under the model-dir lock."""
+    labels = [dt for dt, _ in days]
     report = model.load_weights(model_dir)
     resume = report.resume if report is not None else {}
     done_dt, done = resume.get("dt"), bool(resume.get("day_complete"))
@@ -145,17 +182,16 @@ def train_days(
             callbacks=[*cbs, *callbacks],
             verbose=verbose,
         )
-        created = {n: _sizes(model)[n] - before[n] for n in before}
+        created = {n: _sizes(model)[n] - before[n] for n in before}  # global already
         delta = days_between(last_decayed, dt) if last_decayed is not None else 1
         evicted = 0
         for table in model.tables.values():
             table.show_decay(delta)
             evicted += table.evict()
         last_decayed = dt
-        totals = ps.all_reduce_sum(
-            np.array([counter.rows, sum(created.values()), evicted], np.float64)
-        )
-        day.rows_trained, day.keys_created, day.keys_evicted = (int(x) for x in totals)
+        totals = ps.all_reduce_sum(np.array([counter.rows, evicted], np.float64))
+        day.rows_trained, day.keys_evicted = (int(x) for x in totals)
+        day.keys_created = sum(created.values())
         day.table_sizes = _sizes(model)
         model.save_weights(
             model_dir,
@@ -223,7 +259,8 @@ def format_day(day: DayReport) -> str:
         return f"day {day.dt}: already complete, skipped"
     auc = f" next-day AUC {day.next_day_auc:.4f} -" if day.next_day_auc is not None else ""
     sizes = ", ".join(f"{k}={v}" for k, v in day.table_sizes.items())
+    empty = " (its input holds no rows)" if day.rows_trained == 0 and not day.resumed else ""
     return (
-        f"day {day.dt}:{auc} rows {day.rows_trained} - keys created {day.keys_created} - "
+        f"day {day.dt}:{auc} rows {day.rows_trained}{empty} - keys created {day.keys_created} - "
         f"evicted {day.keys_evicted} - tables {sizes}" + (" (resumed)" if day.resumed else "")
     )

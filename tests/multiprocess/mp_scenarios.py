@@ -249,6 +249,20 @@ def run_reshard(rank: int, world: int, ckpt_in: str, ckpt_out: str) -> dict[str,
     return out
 
 
+def run_daily(rank: int, world: int, data_dir: str, model_dir: str) -> dict[str, np.ndarray]:
+    """Two days of the daily cycle on uneven files: what each day reports."""
+    from tnrec.daily import train_days
+
+    model = _reshard_model()
+    days = [(dt, lambda: uneven_reader(data_dir)) for dt in ("2024-05-10", "2024-05-11")]
+    reports = train_days(model, days, model_dir)
+    return {
+        "keys_created": np.array([r.keys_created for r in reports]),
+        "rows": np.array([r.rows_trained for r in reports]),
+        "sizes": np.array([sum(r.table_sizes.values()) for r in reports]),
+    }
+
+
 SCENARIOS = {"contract": run_contract, "timeout": run_timeout, "crash": run_crash}
 
 
@@ -259,6 +273,8 @@ def main() -> None:
     strategy = tn.distribute.PsStrategy(timeout_s=timeout_s)
     if scenario == "uneven":
         out = run_uneven(strategy.rank, strategy.world_size, sys.argv[4])
+    elif scenario == "daily":
+        out = run_daily(strategy.rank, strategy.world_size, sys.argv[4], sys.argv[5])
     elif scenario == "reshard":
         out = run_reshard(strategy.rank, strategy.world_size, sys.argv[4], sys.argv[5])
     else:

@@ -133,3 +133,19 @@ def test_checkpoints_reshard_between_any_numbers_of_workers(launch, tmp_path):
     check(parts2, "saved", [ref], "saved")  # 2 workers trained the same model as 1
     check([loaded1], "loaded", parts2, "saved")  # save on 2 -> load on 1
     check(parts3, "loaded", parts2, "saved")  # save on 2 -> load on 3
+
+
+def test_daily_counts_are_global_once_not_times_w(launch, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    mp_scenarios.write_uneven_files(str(data))
+    res = launch(3, ["daily", str(tmp_path), "120", str(data), str(tmp_path / "m")])
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts = load(tmp_path, "daily", 3)
+    one = mp_scenarios.run_daily(0, 1, str(data), str(tmp_path / "m1"))
+    for part in parts:
+        # the first day starts from empty tables and evicts nothing: created == size
+        assert part["keys_created"][0] == part["sizes"][0] == one["keys_created"][0]
+        np.testing.assert_array_equal(part["keys_created"], one["keys_created"])
+        np.testing.assert_array_equal(part["rows"], one["rows"])
+        assert part["rows"][0] == 61

@@ -98,9 +98,7 @@ def test_missing_part_and_bad_pointer_are_refused(common, saved):
     _, model_dir, path = saved
     (path / "workers" / "rank-0.json").unlink()
     _refused(common, model_dir, CheckpointError, r"rank-0\.json is missing")
-    (model_dir / "_checkpoint").write_text(
-        json.dumps({"dt": "d0", "dir": "d0/9", "generation": 9})
-    )
+    (model_dir / "_checkpoint").write_text(json.dumps({"dt": "d0", "dir": "d0/9", "generation": 9}))
     _refused(common, model_dir, CheckpointError, r"names .*d0/9, which has no manifest\.json")
 
 

@@ -100,9 +100,7 @@ def test_an_inconsistent_pointer_is_refused_and_nothing_is_deleted(
 def test_a_pointer_whose_manifest_is_another_generation_is_refused(three_generations):
     model, model_dir, _ = three_generations
     shutil.move(model_dir / "d2" / "3", model_dir / "d2" / "8")
-    (model_dir / "_checkpoint").write_text(
-        json.dumps({"dt": "d2", "dir": "d2/8", "generation": 8})
-    )
+    (model_dir / "_checkpoint").write_text(json.dumps({"dt": "d2", "dir": "d2/8", "generation": 8}))
     with pytest.raises(CheckpointError, match="is day 'd2' generation 3; refusing to guess"):
         model.load_weights(str(model_dir))
 
@@ -175,5 +173,7 @@ def test_disk_full_during_a_save_names_the_path_and_keeps_the_last_checkpoint(
         fresh = common.build()
         assert fresh.load_weights(str(model_dir)).generation == 3
         common.assert_same(common.snapshot(fresh), want, skip=())
-        assert not [e for e in os.listdir(model_dir / "d3")] if (model_dir / "d3").exists() else True
+        assert (
+            not [e for e in os.listdir(model_dir / "d3")] if (model_dir / "d3").exists() else True
+        )
     assert model.save_weights(str(model_dir), "d3").endswith("d3/4")
