@@ -58,7 +58,11 @@ def _part_dirs(ckpt: str, doc: dict[str, Any]) -> list[str]:
 
 
 def _load_npy(part: str, name: str) -> np.ndarray:
-    return np.load(os.path.join(part, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
+    full = os.path.join(part, f"{name}.npy")
+    try:
+        return np.load(full, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise CheckpointError(f"Cannot read {full}: {e}.") from None
 
 
 def _quantiles(values: list[np.ndarray]) -> dict[str, float] | None:
@@ -95,8 +99,13 @@ def _table_summary(ckpt: str, doc: dict[str, Any]) -> dict[str, Any]:
 def inspect_summary(path: str) -> dict[str, Any]:
     """Describe a model dir (or one day, or one generation): days, generations, tables.
 
+    The checkpoint whose tables are described is verified first (the sha256 of every
+    file its manifest and table headers name); the other generations' manifests are
+    read and checked, their files are not.
+
     Raises:
-        CheckpointError: not a model dir, or an unreadable manifest or table header.
+        CheckpointError: not a model dir, an unreadable or damaged manifest, table
+            header or file (ChecksumError names it).
     """
     root, ckpt = _locate(path)
     pointer = checkpoint.latest(root)
@@ -124,13 +133,14 @@ def inspect_summary(path: str) -> dict[str, Any]:
         doc = read_model_json(root)
         out["model"] = {"name": doc["model"], "params": doc["params"]}
     if ckpt is not None:
-        m = checkpoint.read_manifest(ckpt)
+        m = checkpoint.verify(ckpt)  # a damaged checkpoint is an error, not a summary
         out["checkpoint"] = {
             "dir": os.path.relpath(ckpt, root),
             "dt": m["dt"],
             "generation": m["generation"],
             "world_size": m["world_size"],
             "resume": m.get("resume") or {},
+            "verified": "sha256 of every file checked",
         }
         out["tables"] = {n: _table_summary(ckpt, d) for n, d in sorted(m["tables"].items())}
     return out
@@ -158,6 +168,7 @@ def inspect_row(path: str, table: str, key: str) -> dict[str, Any]:
             f'--table: no table "{table}" in {ckpt}; tables: {sorted(m["tables"])}.'
         )
     for part in _part_dirs(ckpt, m["tables"][table]):
+        table_files.verify(part)
         hits = np.flatnonzero(_load_npy(part, "keys") == k)
         if hits.shape[0] == 0:
             continue
@@ -235,7 +246,8 @@ def format_summary(s: dict[str, Any]) -> str:
         c = s["checkpoint"]
         lines += [
             "",
-            f"tables of {c['dir']} (generation {c['generation']}, {c['world_size']} worker(s))",
+            f"tables of {c['dir']} (generation {c['generation']}, {c['world_size']} worker(s); "
+            f"{c['verified']})",
         ]
         rows = [["table", "keys", "bytes", "dim", "optimizer", "policy"]]
         for name, t in s["tables"].items():

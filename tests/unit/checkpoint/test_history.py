@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from tnrec import checkpoint
-from tnrec.errors import ChecksumError, CheckpointError, WriteError
+from tnrec.errors import CheckpointError, ChecksumError, WriteError
 
 
 @pytest.fixture
