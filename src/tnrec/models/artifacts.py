@@ -11,24 +11,25 @@ state) plus one small file that says which zoo model to build::
       <dt>/<generation>/  # tnrec.checkpoint
 
 ``model.json`` is written atomically (temporary file, fsync, rename) by rank 0
-only. No pickle is read back anywhere: the checkpoint's dense file is read with
+only, with a checksum of its content (:mod:`tnrec._fileio`). No pickle is read
+back anywhere: the checkpoint's dense file is read with
 ``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from tnrec.errors import CheckpointError, FormatVersionError, MismatchError
+from tnrec import _fileio
+from tnrec.errors import CheckpointError, MismatchError, TnrecError
 from tnrec.feature_column import from_spec, to_spec
 from tnrec.models import MODELS, ZooModel
 from tnrec.optimizer import SparseOptimizer
 from tnrec.table import EvictionPolicy, optimizer_from_config
 
 FORMAT = "tnrec.zoo_model"
-VERSION = 2
+VERSION = 3
 MODEL_FILE = "model.json"
 
 __all__ = [
@@ -69,7 +70,7 @@ def model_doc(
     dense_opt = model.default_dense_optimizer
     return {
         "format": FORMAT,
-        "version": VERSION,
+        "format_version": VERSION,
         "model": model.zoo_name,
         "params": params,
         "sparse_optimizer": layer.sparse_optimizer.to_config(),
@@ -84,50 +85,45 @@ def model_doc(
 
 
 def write_model_json(model_dir: str, doc: dict[str, Any]) -> str:
-    """Write ``doc`` to ``model_dir/model.json`` atomically; return the path. Call on rank 0 only.
+    """Write ``doc`` to ``model_dir/model.json`` atomically, with its checksum; return the path.
+    Call on rank 0 only.
 
     Raises:
-        CheckpointError: the file cannot be written (names it).
+        WriteError: the file cannot be written (names it).
     """
-    os.makedirs(model_dir, exist_ok=True)
+    _fileio.makedirs(model_dir)
     path = os.path.join(model_dir, MODEL_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise CheckpointError(f"Cannot write {path}: {e}") from e
+    _fileio.write_json(path, doc)
     return path
 
 
+def _legacy(doc: dict[str, Any]) -> bool:
+    """``model.json`` of version 2 spelled its version ``version`` and had no checksum."""
+    return doc.get("format") == FORMAT and doc.get("version") == 2 and "format_version" not in doc
+
+
 def read_model_json(model_dir: str) -> dict[str, Any]:
-    """Read and check ``model_dir/model.json``.
+    """Read and check ``model_dir/model.json``: checksum, then every field the rebuild uses.
 
     Raises:
-        CheckpointError: missing or unreadable (named); FormatVersionError for
-            another version.
+        CheckpointError: missing, unreadable, damaged (ChecksumError), a field of the
+            wrong type (named); FormatVersionError for another version.
     """
     path = os.path.join(model_dir, MODEL_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(
-            f"{path} not found: not a model directory written by `tnrec train`."
-        ) from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read: {e}") from e
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a {FORMAT} document.")
-    if doc.get("version") != VERSION:
-        raise FormatVersionError(
-            f"{path}: version {doc.get('version')!r}; this tnrec reads {VERSION}."
-        )
-    if doc.get("model") not in MODELS:
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} not found: not a model directory written by `tnrec train`.")
+    doc = _fileio.read_versioned_json(path, FORMAT, VERSION, what="model file", legacy=_legacy)
+    f = _fileio.field
+    if f(doc, "model", str, path) not in MODELS:
         raise CheckpointError(f"{path}: unknown model {doc.get('model')!r}.")
+    for name in ("params", "sparse_optimizer", "feature_spec"):
+        f(doc, name, dict, path)
+    for name in ("dense_optimizer", "policy", "config"):
+        if doc.get(name) is not None:
+            f(doc, name, dict, path)
+    tables = f(doc, "tables", list, path)
+    if not all(isinstance(t, str) for t in tables):
+        raise CheckpointError(f"{path}: field 'tables' must be a list of names.")
     return doc
 
 
@@ -139,14 +135,18 @@ def build_model_from_doc(doc: dict[str, Any], where: str = MODEL_FILE) -> ZooMod
     Raises:
         MismatchError: the document's tables differ from the model's.
     """
-    columns = from_spec(doc["feature_spec"])
-    sparse = optimizer_from_config(doc["sparse_optimizer"])
-    dense = optimizer_from_config(doc["dense_optimizer"]) if doc["dense_optimizer"] else None
-    model = MODELS[doc["model"]](
-        columns, sparse_optimizer=sparse, dense_optimizer=dense, **doc["params"]
-    )
-    if doc.get("policy") is not None:
-        policy = EvictionPolicy.from_config(doc["policy"])
+    try:
+        columns = from_spec(doc["feature_spec"])
+        sparse = optimizer_from_config(doc["sparse_optimizer"])
+        dense_cfg = doc.get("dense_optimizer")
+        dense = optimizer_from_config(dense_cfg) if dense_cfg else None
+        model = MODELS[doc["model"]](
+            columns, sparse_optimizer=sparse, dense_optimizer=dense, **doc["params"]
+        )
+        policy = EvictionPolicy.from_config(doc["policy"]) if doc.get("policy") else None
+    except (TnrecError, TypeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"{where}: cannot rebuild the model it describes: {e}") from None
+    if policy is not None:
         for layer in model.embedding_layers():
             layer.policy = policy
     tables = sorted({la.table_name for la in model.embedding_layers()})
