@@ -229,16 +229,23 @@ class Model(TrainingLoops, torch.nn.Module):
         return report
 
     def export(
-        self, path: str, *, min_show: float | None = None, dt: str | None = None, onnx: bool = False
+        self,
+        path: str,
+        *,
+        min_show: float | None = None,
+        dt: str | None = None,
+        onnx: bool = False,
+        provenance: dict[str, Any] | None = None,
     ) -> str:
         """Write the inference export (dictionaries, dense graph, feature spec) to ``path``.
 
-        See :mod:`tnrec.export` (``onnx=True`` adds ``dense.onnx``);
+        See :func:`tnrec.export.export` (``onnx=True`` adds ``dense.onnx``;
+        ``provenance`` records the checkpoint it comes from);
         :class:`tnrec.serving.Predictor` runs it.
         """
         from tnrec import export
 
-        return export.export(self, path, min_show=min_show, dt=dt, onnx=onnx)
+        return export.export(self, path, min_show=min_show, dt=dt, onnx=onnx, provenance=provenance)
 
     # ------------------------------------------------------------------ the step
 

@@ -8,7 +8,9 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 import os
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,15 +19,25 @@ import pyarrow as pa
 import torch
 
 from tnrec.data.decode import to_batch
-from tnrec.errors import DataError
-from tnrec.export import GRAPH, load_dictionary, read_manifest
-from tnrec.feature_column import from_spec
+from tnrec.errors import ArgumentError, CheckpointError, DataError
+from tnrec.export import GRAPH, MANIFEST, load_dictionary, read_manifest
+from tnrec.feature_column import (
+    BucketizedColumn,
+    Column,
+    NumericColumn,
+    from_spec,
+)
 from tnrec.layers.pooling import _pool_forward, bag_scales, sequence_positions
 from tnrec.losses import PREDICTIONS
 
+_INT64 = (-(2**63), 2**63)
+_F32_MAX = float(np.finfo(np.float32).max)
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 60
+
 
 class Predictor:
-    """Load an export (memory-mapped dictionaries + the TorchScript dense graph) and predict.
+    """Load an export (memory-mapped dictionaries + the ``torch.export`` dense graph) and predict.
 
     Needs neither the training tables nor a process group. Raw values are
     hashed by :func:`tnrec.data.to_batch` -- the readers' code -- and pooled by
@@ -34,41 +46,126 @@ class Predictor:
 
     Args:
         path: the export directory.
-        verify: check every file's sha256 when loading.
+        verify: check every file's sha256 when loading (the manifest's own
+            checksum and the dictionaries' shapes and order are always checked).
+
+    Raises:
+        CheckpointError: no export at ``path``, or a file of it is missing,
+            damaged or does not match the manifest (names the file).
+        ChecksumError: a file does not match its sha256.
+        FormatVersionError: the export has a format version this tnrec does not read.
+
+    Example:
+        >>> p = Predictor("export_dir")                     # doctest: +SKIP
+        >>> p.predict([{"user": 7, "item": "a9", "price": 3.5}])["ctr"]  # doctest: +SKIP
+        array([0.0312], dtype=float32)
     """
 
-    def __init__(self, path: str, verify: bool = True) -> None:
-        self.path = os.path.abspath(path)
+    def __init__(self, path: str | os.PathLike[str], verify: bool = True) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise ArgumentError(f"Predictor: `path` must be a directory. Received: {path!r}.")
+        self.path = os.path.abspath(os.fspath(path))
         self.manifest = read_manifest(self.path, verify=verify)
-        self.columns = from_spec(self.manifest["feature_spec"])
+        self.columns: list[Column] = from_spec(self.manifest["feature_spec"])
         self.inputs = self.manifest["inputs"]
         self.heads = self.manifest["heads"]
-        self.dictionaries = {t: load_dictionary(self.path, t) for t in self.manifest["tables"]}
-        self.graph = torch.export.load(os.path.join(self.path, GRAPH)).module()
+        self.dictionaries = {
+            t: load_dictionary(self.path, t, self.manifest) for t in self.manifest["tables"]
+        }
+        self.graph = _load_graph(os.path.join(self.path, GRAPH))
         self.required = [c.key for c in self.columns]
+        self._by_key = {c.key: c for c in self.columns}
         self._by_table: dict[str, list[int]] = {}
         for i, spec in enumerate(self.inputs):
             self._by_table.setdefault(spec["table"], []).append(i)
 
-    def _table(self, rows: Any) -> pa.Table:
-        try:
-            return self._to_arrow(rows)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise DataError(f"Predictor.predict: cannot read the rows: {e}.") from None
+    # ------------------------------------------------------------ rows -> Arrow
 
-    def _to_arrow(self, rows: Any) -> pa.Table:
-        if isinstance(rows, pa.Table):
-            return rows
+    def _check_present(self, names: Sequence[str]) -> None:
+        missing = [k for k in self.required if k not in set(names)]
+        if missing:
+            raise DataError(
+                f"Predictor.predict: the rows lack feature columns {missing} "
+                f"(the model reads {self.required})."
+            )
+
+    def _raw_columns(self, rows: Any) -> dict[str, Any] | pa.Table:
+        """The feature columns' raw values (a pyarrow Table passes through)."""
+        if isinstance(rows, (pa.Table, pa.RecordBatch)):
+            self._check_present(rows.column_names)
+            return pa.table({k: rows.column(k) for k in self.required})
         if isinstance(rows, Mapping):
-            return pa.table(dict(rows))
-        if isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)):
-            return pa.Table.from_pylist(list(rows))
+            self._check_present(list(rows))
+            cols = {k: rows[k] for k in self.required}
+            lengths = {}
+            for k, v in cols.items():
+                if isinstance(v, (str, bytes, Mapping)) or not hasattr(v, "__len__"):
+                    raise DataError(
+                        f'Predictor.predict: column "{k}" must be a list of values, one per row. '
+                        f"Received: {_repr.repr(v)} ({type(v).__name__})."
+                    )
+                lengths[k] = len(v)
+            if len(set(lengths.values())) > 1:
+                raise DataError(
+                    f"Predictor.predict: the columns must have one value per row; "
+                    f"their lengths differ: {lengths}."
+                )
+            return cols
         if type(rows).__name__ == "DataFrame":  # pandas, without importing it
-            return pa.Table.from_pandas(rows, preserve_index=False)
+            self._check_present([str(c) for c in rows.columns])
+            return {k: rows[k] for k in self.required}
+        if isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)):
+            for i, r in enumerate(rows):
+                if not isinstance(r, Mapping):
+                    raise DataError(
+                        f"Predictor.predict: row {i} must be a dict (column -> value). "
+                        f"Received: {_repr.repr(r)} ({type(r).__name__})."
+                    )
+            if len(rows):
+                self._check_present(list(set().union(*(r.keys() for r in rows))))
+            return {k: [r.get(k) for r in rows] for k in self.required}
         raise DataError(
             "Predictor.predict: `rows` must be a list of dicts, a dict of columns, a pyarrow "
             f"Table or a pandas DataFrame. Received: {type(rows).__name__}."
         )
+
+    def _arrow(self, raw: dict[str, Any]) -> pa.Table:
+        arrays = {}
+        for k, values in raw.items():
+            if isinstance(values, (pa.Array, pa.ChunkedArray)):
+                arrays[k] = values
+                continue
+            try:
+                arrays[k] = pa.array(values, from_pandas=type(values).__name__ == "Series")
+            except Exception as e:  # pyarrow raises Arrow*, Type-, Overflow-, ValueError
+                raise _value_error(self._by_key[k], _as_list(values), e) from None
+        return pa.table(arrays)
+
+    def _batch(self, rows: Any) -> tuple[Any, pa.Table]:
+        raw = self._raw_columns(rows)
+        table = raw if isinstance(raw, pa.Table) else self._arrow(raw)
+        try:
+            batch = to_batch(table, self.columns)
+        except DataError as e:
+            if not isinstance(raw, pa.Table):
+                for k, values in raw.items():
+                    found = _first_bad(self._by_key[k], _as_list(values))
+                    if found is not None:
+                        raise _row_error(self._by_key[k], *found) from None
+            raise DataError(f"Predictor.predict: {e}") from None
+        bad = ~np.isfinite(batch.dense)  # [B, F]
+        if bad.any():
+            row, c = (int(i) for i in np.argwhere(bad)[0])
+            key = batch.dense_names[c]
+            raise DataError(
+                f'Predictor.predict: row {row}, column "{key}": value '
+                f"{_repr.repr(table.column(key)[row].as_py())} gives {float(batch.dense[row, c])} "
+                "as the network's float32 input; expected a number that stays finite in "
+                f"float32 after the column's transforms (|x| <= {_F32_MAX:.4g})."
+            )
+        return batch, table
+
+    # ------------------------------------------------------------ the network
 
     def _lookup(self, table: str, keys: np.ndarray) -> np.ndarray:
         dict_keys, weights = self.dictionaries[table]
@@ -81,23 +178,34 @@ class Predictor:
         out[hit] = weights[pos_c[hit]]
         return out
 
+    def _empty(self) -> Any:
+        result = {h["name"]: np.zeros(0, np.float32) for h in self.heads}
+        return result[""] if list(result) == [""] else result
+
     def predict(self, rows: Any) -> Any:
         """Return the predictions for ``rows`` (``float32[B]``; a dict by head for several heads).
 
+        ``rows`` is a list of dicts (a key absent from a row reads as a missing
+        value), a dict of equal-length columns, a pyarrow Table or a pandas
+        DataFrame. Values read as the training readers read them: None and NaN
+        are missing (a numeric column's default; a categorical column adds no
+        key), a categorical column may hold lists (several keys), a numeric
+        column may hold numeric text. No rows give empty ``float32[0]``
+        predictions of the same structure.
+
         Raises:
-            DataError: a feature column is missing, or a value has the wrong type
-                (the message names the column or row).
+            DataError: a row is not a dict, a feature column is missing, or a
+                value cannot be read (a dict, a list where a number is expected,
+                text that is not a number, an int outside int64, a number that
+                is not finite in float32 after the column's transforms); the
+                message names the row, the column and what was expected.
+            CheckpointError: the dense graph fails on the inputs the manifest
+                describes (the export is inconsistent).
         """
-        table = self._table(rows)
-        present = set(table.column_names)
-        missing = [k for k in self.required if k not in present]
-        if missing:
-            raise DataError(
-                f"Predictor.predict: the rows lack feature columns {missing} "
-                f"(the model reads {self.required})."
-            )
-        batch = to_batch(table, self.columns)
+        batch, _ = self._batch(rows)
         B = batch.size
+        if B == 0:
+            return self._empty()
         # One dictionary lookup per table over all its columns, then pool every
         # pooled column of the table in one kernel call (bag c*B + b).
         values: dict[int, Any] = {}
@@ -139,10 +247,137 @@ class Predictor:
             v = values[i]
             args.extend(v if isinstance(v, tuple) else (v,))
         args.append(torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32)))
-        with torch.no_grad():
-            outs = self.graph(*args)
+        outs = self._run(args, B)
         result = {}
-        for head, out in zip(self.heads, outs, strict=True):
-            t = PREDICTIONS[head["prediction"]](out)
-            result[head["name"]] = t.numpy()
+        for head, output in zip(self.heads, outs, strict=True):
+            result[head["name"]] = PREDICTIONS[head["prediction"]](output).numpy()
         return result[""] if list(result) == [""] else result
+
+    def _run(self, args: list[torch.Tensor], B: int) -> tuple[torch.Tensor, ...]:
+        where = f"Export {self.path}: the dense graph {GRAPH}"
+        try:
+            with torch.no_grad():
+                outs = self.graph(*args)
+        except Exception as e:  # torch raises many types; the export is inconsistent
+            raise CheckpointError(
+                f"{where} fails on the inputs {MANIFEST} describes: {e}"
+            ) from None
+        if not isinstance(outs, (tuple, list)) or len(outs) != len(self.heads):
+            raise CheckpointError(
+                f"{where} returns {type(outs).__name__} of "
+                f"{len(outs) if isinstance(outs, (tuple, list)) else 1} outputs; "
+                f"{MANIFEST} lists {len(self.heads)} heads."
+            )
+        for head, out in zip(self.heads, outs, strict=True):
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (B,):
+                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+                raise CheckpointError(
+                    f"{where}: head {head['name']!r} must be a [{B}] tensor. Received: {got}."
+                )
+        return tuple(outs)
+
+
+def _load_graph(fname: str) -> Any:
+    if not os.path.isfile(fname):
+        raise CheckpointError(f"Export file {fname} is missing.")
+    try:
+        return torch.export.load(fname).module()
+    except Exception as e:  # torch raises many types on a damaged archive; name the file
+        raise CheckpointError(
+            f"Export file {fname} is damaged (torch.export.load fails: {e}); write the export anew."
+        ) from None
+
+
+# ---------------------------------------------------------------- naming a bad value
+
+
+def _as_list(values: Any) -> list[Any]:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def _expected(col: Column) -> str:
+    if isinstance(col, (NumericColumn, BucketizedColumn)):
+        return "a number (int or float), numeric text, or None"
+    if getattr(col, "dtype", None) == "str":
+        return "a str (or an int), a list of them, or None"
+    return "an int (or its text), a list of them, or None"
+
+
+def _kind(v: Any) -> str | None:
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    if isinstance(v, (bool, np.bool_)):
+        return "bool"
+    if isinstance(v, numbers.Real):
+        return "number"
+    if isinstance(v, (str, bytes)):
+        return "text"
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "list"
+    return "other"
+
+
+def _problem(v: Any, scalar: bool, expected: str) -> str | None:
+    """What a value cannot be on its own (not just unlike its neighbours), or None."""
+    kind = _kind(v)
+    if kind == "other":
+        return expected
+    if isinstance(v, numbers.Integral) and kind == "number":
+        ok = _INT64[0] <= int(v) < _INT64[1]
+        return None if ok else "an int in the int64 range [-2**63, 2**63) or a float"
+    if kind == "list":
+        if scalar:
+            return f"{expected}; not a list"
+        for x in v:
+            why = "a single value, not a nested list" if _kind(x) == "list" else None
+            why = why or _problem(x, True, expected)
+            if why:
+                return f"{why} (in a list)"
+    return None
+
+
+_KIND = {"number": "a number", "text": "text", "bool": "a bool"}
+
+
+def _first_bad(col: Column, values: list[Any]) -> tuple[int, Any, str] | None:
+    """The first value pyarrow or the column cannot read: ``(row, value, expected)``."""
+    scalar = isinstance(col, (NumericColumn, BucketizedColumn))
+    for i, v in enumerate(values):
+        why = _problem(v, scalar, _expected(col))
+        if why:
+            return i, v, why
+    shapes = [(i, _kind(v) == "list") for i, v in enumerate(values) if _kind(v) is not None]
+    for i, is_list in shapes:
+        j, first = shapes[0]
+        if is_list != first:
+            what = "a list" if first else "a single value"
+            return i, values[i], f"{what} like row {j} (a column holds lists or single values)"
+    kinds: list[tuple[int, Any, str]] = []  # (row, value, kind), list items included
+    for i, v in enumerate(values):
+        for x in v if _kind(v) == "list" else [v]:
+            kind = _kind(x)
+            if kind is not None:
+                kinds.append((i, x, kind))
+    present = {k for _, _, k in kinds}
+    if len(present) > 1:
+        text = not scalar and getattr(col, "dtype", None) == "str"
+        usual = "text" if text else "number"
+        want = usual if usual in present else kinds[0][2]
+        j = next(i for i, _, k in kinds if k == want)
+        i, x, _ = next(t for t in kinds if t[2] != want)
+        return i, x, f"{_KIND[want]} like row {j} (a column holds one kind of value)"
+    return None
+
+
+def _row_error(col: Column, row: int, value: Any, expected: str) -> DataError:
+    return DataError(
+        f'Predictor.predict: row {row}, column "{col.key}": expected {expected}. '
+        f"Received: {_repr.repr(value)} ({type(value).__name__})."
+    )
+
+
+def _value_error(col: Column, values: list[Any], e: Exception) -> DataError:
+    found = _first_bad(col, values)
+    if found is not None:
+        return _row_error(col, *found)
+    return DataError(f'Predictor.predict: column "{col.key}": cannot read its values: {e}.')
