@@ -61,11 +61,13 @@ def kill_point(name: str) -> None:
 
 
 def _fault_point(path: str) -> None:
-    """Raise ``OSError(ENOSPC)`` when ``TNREC_FAIL_WRITE`` is a substring of ``path``
-    (disk-full tests only; nothing happens without it)."""
+    """Raise ``OSError`` when ``TNREC_FAIL_WRITE`` is a substring of ``path`` (fault tests
+    only; nothing happens without it). The errno is ``TNREC_FAIL_ERRNO`` (a name such as
+    ``EROFS``; default ``ENOSPC``, disk full)."""
     needle = os.environ.get("TNREC_FAIL_WRITE")
     if needle and needle in path:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        code = getattr(errno, os.environ.get("TNREC_FAIL_ERRNO", "ENOSPC"))
+        raise OSError(code, os.strerror(code), path)
 
 
 # ---------------------------------------------------------------- writing
@@ -269,8 +271,7 @@ def read_versioned_json(
         return doc
     if doc.get("format") != kind:
         raise CheckpointError(
-            f"The {what} {path} is damaged or not a {kind} document "
-            f"(format {doc.get('format')!r})."
+            f"The {what} {path} is damaged or not a {kind} document (format {doc.get('format')!r})."
         )
     if doc.get(VERSION_KEY) != version:
         raise FormatVersionError(
