@@ -9,7 +9,8 @@ from typing import Literal
 from tnrec.data.decode import make_schema
 from tnrec.data.files import expand_paths
 from tnrec.data.reader import Reader
-from tnrec.data.sources import ParquetSource, TextSource
+from tnrec.data.sources import ParquetSource
+from tnrec.data.text import TextSource
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import (
     Column,
