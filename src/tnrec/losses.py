@@ -12,13 +12,34 @@ import torch
 import torch.nn.functional as F
 
 from tnrec import metrics as metrics_lib
-from tnrec.data.sources import ROW_BITS
+from tnrec.data import ROW_BITS
+from tnrec.errors import ArgumentError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 SINGLE = ""  # the head name of a model with one output
 
 
 def _bce(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Return the per-row cross-entropy of probabilities ``pred`` ``[B]``.
+
+    ``F.binary_cross_entropy`` raises a bare RuntimeError on a prediction
+    outside [0, 1]. A NaN prediction gives a NaN loss instead, which the
+    training step's non-finite check reports on every worker at once; a finite
+    one outside [0, 1] is a model whose output is not a probability.
+
+    Raises:
+        ArgumentError: a finite prediction lies outside [0, 1].
+    """
+    if pred.numel():
+        lo, hi = (float(v) for v in torch.aminmax(pred.detach()))  # NaN propagates to both
+        if not (lo >= 0.0 and hi <= 1.0):
+            if torch.isnan(pred.detach()).any():
+                return pred * math.nan  # [B] NaN, still on the graph
+            raise ArgumentError(
+                'Loss "binary_crossentropy" takes probabilities in [0, 1]. Received: model '
+                f"outputs in [{lo:g}, {hi:g}]. For an output that is a logit, compile with "
+                'loss="binary_crossentropy_from_logits".'
+            )
     return F.binary_cross_entropy(pred, y, reduction="none")
 
 

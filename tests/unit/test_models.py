@@ -1,6 +1,7 @@
 """The model zoo: each model learns, its formulas, its errors; saved models; run logs."""
 
 import json
+import math
 import os
 
 import numpy as np
@@ -8,10 +9,13 @@ import pytest
 import torch
 
 import tnrec as tn
+from tnrec import _fileio
+from tnrec.data.batch import Batch, Jagged
 from tnrec.data.synthetic import SyntheticConfig, generate
-from tnrec.errors import ArgumentError, CheckpointError, FormatVersionError
+from tnrec.errors import ArgumentError, CheckpointError, ChecksumError, DataError, FormatVersionError
 from tnrec.models import DCN, LR, MODELS, CrossLayer, DeepFM, WideDeep, build
 from tnrec.models.artifacts import load_model, save_model
+from tnrec.models.base import MAX_INITIAL_BIAS, initial_bias
 from tnrec.runlog import RunLog, TimedData, read_runlog
 
 fc = tn.feature_column
@@ -161,8 +165,11 @@ def test_load_model_errors_name_the_file(tmp_path, criteo_data):
     model.compile()
     save_model(model, tmp_path / "m", {})
     doc = json.loads((tmp_path / "m" / "model.json").read_text())
-    (tmp_path / "m" / "model.json").write_text(json.dumps({**doc, "version": 99}))
-    with pytest.raises(FormatVersionError, match=r"model.json: version 99"):
+    (tmp_path / "m" / "model.json").write_bytes(_fileio.dumps_checked({**doc, "format_version": 99}))
+    with pytest.raises(FormatVersionError, match=r"model.json: format_version 99 is not supported"):
+        load_model(tmp_path / "m")
+    (tmp_path / "m" / "model.json").write_text(json.dumps({**doc, "model": "deepfm"}))
+    with pytest.raises(ChecksumError, match=r"model file .*model.json is corrupt"):
         load_model(tmp_path / "m")
     (tmp_path / "m" / "model.json").write_text(json.dumps(doc))
     (tmp_path / "m" / "model" / "1" / "dense.pt").write_bytes(b"not a torch file")
@@ -247,3 +254,94 @@ def test_deepfm_on_1m_synthetic_rows_vs_lr_and_optimal(tmp_path):
     print(aucs, gen.optimal_auc)
     assert aucs["deepfm"] >= gen.optimal_auc - 0.01  # measured: optimal - 0.0075
     assert aucs["deepfm"] >= aucs["lr"] + 0.01  # measured: LR + 0.042
+
+
+# --- the initial bias -----------------------------------------------------------------------
+
+TINY_COLS = [fc.category_column("user"), fc.category_column("item"), fc.numeric_column("d0")]
+
+
+def tiny_batch(labels, weights=None, seed=0):
+    """B rows: one ``user`` and one ``item`` key each, one dense feature, the given labels."""
+    labels = np.asarray(labels, np.float32)
+    B = labels.shape[0]
+    rng = np.random.default_rng(seed)
+    offsets = np.arange(B + 1, dtype=np.int64)
+    return Batch(
+        sparse={
+            k: Jagged(rng.integers(0, 50, B).astype(np.int64), offsets) for k in ("user", "item")
+        },
+        dense=rng.normal(size=(B, 1)).astype(np.float32),
+        dense_names=("d0",),
+        labels=labels[:, None],
+        label_names=("label",),
+        weights=None if weights is None else np.asarray(weights, np.float32),
+        row_ids=np.arange(B, dtype=np.int64),
+    )
+
+
+def first_step_bias(name, params, batch):
+    torch.manual_seed(0)
+    model = build(name, TINY_COLS, **params)
+    model.compile(torch.optim.SGD(model.parameters(), lr=0.0))  # the step itself leaves the bias alone
+    model.train_step(batch)
+    return float(model.output_bias().detach()[0])
+
+
+@pytest.mark.parametrize(
+    ("clicks", "weight", "weight_sq", "want"),
+    [
+        (0.0, 7.0, 7.0, -math.log(15.0)),  # 7 rows of 0: p = 0.5 / 8
+        (7.0, 7.0, 7.0, math.log(15.0)),  # 7 rows of 1
+        (0.0, 1000.0, 1000.0, -5.0),  # bounded
+        (1000.0, 1000.0, 1000.0, 5.0),
+        (31.0, 1024.0, 1024.0, math.log(31.5 / 993.5)),  # a realistic batch keeps its rate
+        (0.31, 10.24, 0.1024, math.log(31.5 / 993.5)),  # weights 0.01: the same
+        (3.0, 4.0, 6.0, math.log(15 / 7)),  # w [1, 1, 2], y [1, 0, 1]: n = 16/6, p = 7.5/11
+    ],
+    ids=["seven_zeros", "seven_ones", "many_zeros", "many_ones", "ctr_3pct", "scaled", "kish"],
+)
+def test_initial_bias_is_shrunk_and_bounded(clicks, weight, weight_sq, want):
+    assert initial_bias(clicks, weight, weight_sq) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize(("name", "params"), ZOO)
+@pytest.mark.parametrize(
+    ("labels", "want"),
+    [
+        ([0] * 7, -math.log(15.0)),
+        ([1] * 7, math.log(15.0)),
+        ([0] * 600, -5.0),
+        ([1] * 20 + [0] * 480, math.log(20.5 / 480.5)),
+    ],
+    ids=["all_zero", "all_one", "many_zero", "realistic"],
+)
+def test_first_step_sets_a_bounded_bias(name, params, labels, want):
+    got = first_step_bias(name, params, tiny_batch(labels))
+    assert got == pytest.approx(want, abs=1e-6)
+    assert abs(got) <= MAX_INITIAL_BIAS
+
+
+def test_initial_bias_waits_for_a_batch_with_weight_and_spares_a_loaded_one():
+    model = build("lr", TINY_COLS)
+    model.compile(torch.optim.SGD(model.parameters(), lr=0.0))
+    model.train_step(tiny_batch([1, 0, 0], weights=[0, 0, 0]))  # nothing to estimate from
+    assert float(model.bias.detach()[0]) == 0.0
+    model.train_step(tiny_batch([1, 0, 0]))
+    assert float(model.bias.detach()[0]) == pytest.approx(math.log(1.5 / 2.5))
+
+    model = build("lr", TINY_COLS)
+    model.compile(torch.optim.SGD(model.parameters(), lr=0.0))
+    with torch.no_grad():
+        model.bias.fill_(0.25)  # as loaded weights would set it
+    model.train_step(tiny_batch([0] * 7))
+    assert float(model.bias.detach()[0]) == 0.25
+
+
+def test_initial_bias_checks_the_labels_first():
+    model = build("lr", TINY_COLS)
+    model.compile()
+    with pytest.raises(
+        DataError, match=r'LR.train_step \(step 1\): Label "label" .* Received: \[2\]'
+    ):
+        model.train_step(tiny_batch([0, 2, 1]))

@@ -259,3 +259,221 @@ def test_compile_uses_the_models_default_dense_optimizer(batches):
     m.default_dense_optimizer = tn.optimizer.SGD(learning_rate=0.5)
     m.compile()
     assert isinstance(m.optimizer, torch.optim.SGD) and m.optimizer.param_groups[0]["lr"] == 0.5
+
+
+# --- labels and sample weights outside the loss's domain ----------------------------------
+
+
+def _with(batch, labels=None, weights=None, row_ids=None):
+    """``batch`` with other labels ``[B]``, sample weights or row ids."""
+    return type(batch)(
+        sparse=batch.sparse,
+        dense=batch.dense,
+        dense_names=batch.dense_names,
+        labels=batch.labels if labels is None else np.asarray(labels, np.float32)[:, None],
+        label_names=batch.label_names,
+        weights=None if weights is None else np.asarray(weights, np.float32),
+        row_ids=batch.row_ids if row_ids is None else np.asarray(row_ids, np.int64),
+    )
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown"), [(2.0, "2"), (-1.0, "-1"), (np.nan, "nan")], ids=["two", "minus_one", "nan"]
+)
+def test_labels_outside_the_loss_range_raise_before_any_update(batches, bad, shown):
+    b = batches(1, 8)[0]
+    labels = b.labels[:, 0].copy()
+    labels[3] = bad
+    # row 3 of file #2: row ids encode file_index << 40 | row in file
+    bad_batch = _with(b, labels, row_ids=(2 << 40) + np.arange(8))
+    m = compiled()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    want = (
+        r'Small.train_step \(step 1\): Label "label" of the model\'s output must be finite and '
+        r'in \[0, 1\] \(for its loss "binary_crossentropy", metric "auc", metric "logloss"\)\. '
+        rf"Received: \[{shown}\] in 1 of the batch's 8 rows, the first at "
+        r"row_id=2199023255555 \(file #2, row 3\)\. Nothing was updated\."
+    )
+    with pytest.raises(DataError, match=want):
+        m.fit([bad_batch], verbose=0)
+    assert len(m.tables["emb"]) == 0  # not even pulled
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    with pytest.raises(DataError, match=r"Small.test_step: Label \"label\" of the model's output"):
+        m.evaluate([bad_batch], verbose=0)
+
+
+def test_label_range_follows_the_loss_and_the_metrics(batches):
+    b = batches(1, 8)[0]
+    labels = b.labels[:, 0].copy()
+    labels[[1, 5]] = [3.5, -2.0]
+    m = compiled(loss="mse", metrics=["mse"])
+    assert m.train_step(_with(b, labels))["loss"] > 0  # mse takes any finite label
+    labels[5] = np.inf
+    with pytest.raises(DataError, match=r"must be finite \(for its loss \"mse\", metric \"mse\"\)"):
+        m.train_step(_with(b, labels))
+
+    def nan_is_missing(out, y):  # a callable loss may use NaN as "no label": not checked
+        known = ~torch.isnan(y)
+        return known * (out - torch.nan_to_num(y)) ** 2
+
+    labels[5] = np.nan
+    m = compiled(loss=nan_is_missing, metrics=[])
+    assert np.isfinite(m.train_step(_with(b, labels))["loss"])
+    m = compiled(loss=nan_is_missing, metrics=["auc"])  # ... but its metrics need labels in [0, 1]
+    with pytest.raises(DataError, match=r"in \[0, 1\] \(for its metric \"auc\"\)\. Received: \["):
+        m.train_step(_with(b, labels))
+
+
+def test_two_heads_name_the_head_with_bad_labels(batches):
+    b = batches(1, 4)[0]
+    two = type(b)(
+        sparse=b.sparse,
+        dense=b.dense,
+        dense_names=b.dense_names,
+        labels=np.array([[0, 0], [1, 1], [0, 7], [1, 0]], np.float32),
+        label_names=("click", "skip"),
+        weights=None,
+        row_ids=b.row_ids,
+    )
+    bce = "binary_crossentropy"
+    m = compiled(heads=["click", "skip"], loss={"click": bce, "skip": bce}, metrics={})
+    with pytest.raises(DataError, match=r'Label "skip" of head "skip" must be finite and in'):
+        m.train_step(two)
+
+
+@pytest.mark.parametrize(
+    ("w", "shown"), [([1, -0.5, 1, 1], "-0.5"), ([1, 1, np.nan, 1], "nan")], ids=["neg", "nan"]
+)
+def test_bad_sample_weights_raise_naming_the_row(batches, w, shown):
+    b = _with(batches(1, 4)[0], weights=w)
+    m = compiled()
+    with pytest.raises(
+        DataError, match=rf"Sample weights must be finite and >= 0\. Received: \[{shown}\] in 1 of"
+    ):
+        m.train_step(b)
+
+
+def test_every_worker_raises_when_another_worker_has_bad_labels(batches, monkeypatch):
+    m = compiled()
+    reduce = m.ps.all_reduce_sum
+    # what the all-reduce returns when one other worker flagged its batch
+    monkeypatch.setattr(m.ps, "all_reduce_sum", lambda v: reduce(v) + np.r_[0, 0, 1.0][: len(v)])
+    with pytest.raises(DataError, match=r"1 other worker\(s\) got a batch with invalid labels"):
+        m.train_step(batches(1, 4)[0])
+
+
+# --- non-finite gradients -----------------------------------------------------------------
+
+
+class TwoTables(tn.Model):
+    """``out = sigmoid(a + where(False, b * nan, 0))``: finite, but b's gradient is NaN."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(fc.category_column("user"), 2)], SGD(0.1)
+        )
+        self.b = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(fc.category_column("item"), 2)], SGD(0.1)
+        )
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward_dense(self, pooled, dense):
+        a = pooled["a"][0].sum(1) * self.scale
+        b = pooled["b"][0].sum(1)
+        never = torch.zeros_like(b, dtype=torch.bool)
+        return torch.sigmoid(a + torch.where(never, b * float("nan"), torch.zeros_like(b)))
+
+
+def test_non_finite_gradients_name_the_tables(batches):
+    m = TwoTables()
+    m.compile(tn.optimizer.Adam())
+    with pytest.raises(
+        NonFiniteError,
+        match=r'TwoTables.train_step \(step 1\): the gradients of table\(s\) "b" are NaN or '
+        r"infinite, so nothing was updated\. Lower the learning rates",
+    ):
+        m.train_step(batches(1, 8)[0])
+    assert float(m.scale.detach()) == 1.0  # the dense step did not run
+
+
+def test_a_nan_input_names_the_loss_the_tables_and_the_dense_parameters(batches):
+    b = batches(1, 8)[0]
+    dense = b.dense.copy()
+    dense[2, 0] = np.nan
+    m = compiled()
+    nan_batch = type(b)(**{**b.__dict__, "dense": dense})
+    with pytest.raises(
+        NonFiniteError,
+        match=r'the loss; the gradients of table\(s\) "emb"; the gradients of dense '
+        r'parameter\(s\) "out.weight", "out.bias" are NaN or infinite.*check the inputs',
+    ):
+        m.train_step(nan_batch)
+
+
+# --- evaluate / predict / test_step ---------------------------------------------------------
+
+
+def test_evaluate_raises_when_every_row_has_weight_zero(batches):
+    m = compiled()
+    b = _with(batches(1, 4)[0], weights=[0, 0, 0, 0])
+    with pytest.raises(DataError, match=r"all 4 rows of the input have sample weight 0; there"):
+        m.evaluate([b], verbose=0)
+    with pytest.raises(DataError, match=r"the input holds no rows"):
+        m.evaluate(batches(2, 4), steps=0, verbose=0)
+
+
+def test_exact_auc_uses_the_predictions_test_step_returns(batches):
+    train, test = batches(10, 64, seed=1), batches(3, 64, seed=2)
+
+    class Flipped(Small):
+        def test_step(self, batch):
+            logs = super().test_step(batch)
+            if logs:
+                logs["predictions"] = {h: 1 - p for h, p in logs["predictions"].items()}
+            return logs
+
+    torch.manual_seed(0)
+    m = Flipped()
+    m.compile(tn.optimizer.Adam(learning_rate=0.02), metrics=["auc"])
+    m.fit(train, verbose=0)
+    logs = m.evaluate(test, verbose=0, exact_auc=True)
+    labels = np.concatenate([b.labels[:, 0] for b in test])
+    flipped = 1 - m.predict(test)["prediction"]
+    assert logs["auc_exact"] == pytest.approx(roc_auc_score(labels, flipped), abs=1e-9)
+    assert logs["auc_exact"] == pytest.approx(1 - logs["auc"], abs=1e-3)  # metrics: unflipped
+
+    class LossOnly(Small):
+        def test_step(self, batch):
+            return {"loss": super().test_step(batch).get("loss", 0.0)}
+
+    m = LossOnly()
+    m.compile(tn.optimizer.Adam())
+    assert set(m.evaluate(test, verbose=0)) == {"loss"}  # without exact_auc, no predictions needed
+    with pytest.raises(
+        ArgumentError,
+        match=r"LossOnly.evaluate\(exact_auc=True\) gathers the predictions that test_step "
+        r"returns.*Received: \['loss'\]",
+    ):
+        m.evaluate(test, verbose=0, exact_auc=True)
+
+
+def test_test_step_returns_loss_and_predictions(batches):
+    m = compiled()
+    b = batches(1, 8)[0]
+    m.eval()
+    logs = m.test_step(b)
+    assert set(logs) == {"loss", "predictions"}
+    np.testing.assert_array_equal(logs["predictions"][""], m.predict([b])["prediction"])
+
+
+def test_predict_verbose_prints_one_line(batches, capsys):
+    m = compiled()
+    m.predict(batches(2, 8), verbose=0)
+    m.predict(batches(2, 8))
+    assert capsys.readouterr().out == ""
+    out = m.predict(batches(2, 8), verbose=1)
+    line = capsys.readouterr().out
+    assert out["prediction"].shape == (16,)
+    assert line.startswith("predict - 16 rows - ") and line.endswith(" samples/s\n")
