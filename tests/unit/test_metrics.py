@@ -459,3 +459,28 @@ def test_set_state_wrong_size(name, size):
 def test_auc_bad_num_buckets(n):
     with pytest.raises(ArgumentError, match=r"`num_buckets` must be an int >= 65536"):
         metrics.AUC(num_buckets=n)
+
+
+@pytest.mark.parametrize(
+    ("y", "pattern"),
+    [
+        (
+            [0.0, 2.0, 1.0],
+            r"Metric 'auc': `y_true` must lie in \[0, 1\] for this metric\. "
+            r"Received: \[2\] in 1 of 3 rows, the first at index 1\.",
+        ),
+        ([-1.0, 0.0, -1.0], r"Metric 'auc': `y_true` must lie in \[0, 1\].*\[-1\] in 2 of 3 rows"),
+        ([0.0, 1.0, np.nan], r"Metric 'auc': `y_true` must be finite\. Received: \[nan\] in 1 of"),
+    ],
+    ids=["two", "minus_one", "nan"],
+)
+def test_auc_rejects_labels_outside_0_1_with_a_tnrec_error(y, pattern):
+    with pytest.raises(ArgumentError, match=pattern):
+        metrics.get("auc").update(y, [0.2, 0.5, 0.7])
+    with pytest.raises(ArgumentError, match=r"exact_auc: `y_true` must"):
+        metrics.exact_auc(y, [0.2, 0.5, 0.7])
+
+
+def test_non_numeric_input_is_a_tnrec_error():
+    with pytest.raises(ArgumentError, match=r"Metric 'ctr': `y_true` must be an array of numbers"):
+        metrics.get("ctr").update(["a", "b"], [0.1, 0.2])

@@ -477,3 +477,19 @@ def test_predict_verbose_prints_one_line(batches, capsys):
     line = capsys.readouterr().out
     assert out["prediction"].shape == (16,)
     assert line.startswith("predict - 16 rows - ") and line.endswith(" samples/s\n")
+
+
+def test_binary_crossentropy_on_a_logit_output_is_an_argument_error(batches):
+    class Logit(Small):
+        def forward_dense(self, pooled, dense):
+            return self.out(torch.cat([pooled["emb"], dense], 1)) * 100.0  # not a probability
+
+    torch.manual_seed(0)
+    m = Logit()
+    m.compile(tn.optimizer.Adam())
+    with pytest.raises(
+        ArgumentError,
+        match=r'Loss "binary_crossentropy" takes probabilities in \[0, 1\]\. Received: model '
+        r'outputs in \[.*\]\. For an output that is a logit, compile with loss="binary_cross',
+    ):
+        m.train_step(batches(1, 16)[0])
