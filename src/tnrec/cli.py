@@ -49,7 +49,7 @@ from tnrec import checkpoint
 from tnrec.daily import DayReport, train_days
 from tnrec.data import Reader
 from tnrec.distribute import PsStrategy, current_strategy, launch_env
-from tnrec.errors import ArgumentError, CheckpointError, DistributedError, TnrecError
+from tnrec.errors import ArgumentError, CheckpointError, DataError, DistributedError, TnrecError
 from tnrec.inspection import _no_checkpoint, inspect
 from tnrec.models import ZooModel, build
 from tnrec.models.artifacts import (
@@ -468,20 +468,23 @@ def _worker_part(reader: Reader) -> Reader:
     return reader.split(s.rank, s.world_size) if s.world_size > 1 else reader
 
 
+def _input_name(data: Sequence[str] | None) -> str:
+    return "--data " + " ".join(data) if data else "the run config's test data"
+
+
 def _require_rows(model: ZooModel, part: Reader, data: Sequence[str] | None) -> None:
     """Refuse a result over no rows: every row of the input was bad and skipped.
 
     Raises:
-        ArgumentError: no worker read a row (names the input and the bad rows).
+        DataError: no worker read a row (names the input and the bad rows).
     """
     rows, bad = model.ps.all_reduce_sum(
         np.array([part.stats.rows, part.stats.bad_rows], np.float64)
     )
     if rows == 0:
-        what = "--data " + " ".join(data) if data else "the run config's test data"
-        raise ArgumentError(
-            f"{what}: the input holds no rows that can be read ({int(bad)} bad rows skipped "
-            '(data.on_bad_row = "skip")).'
+        raise DataError(
+            f"{_input_name(data)}: the input holds no rows that can be read ({int(bad)} bad "
+            'rows skipped (data.on_bad_row = "skip")).'
         )
 
 
@@ -508,12 +511,16 @@ def evaluate(
     Raises:
         ArgumentError: the input matches no file or holds no rows (named).
         ConfigError: the same for the config's test data.
+        DataError: a bad row, or no row that can be read (names the input).
     """
     model, cfg = _load_run(model_dir, timeout_s)
     part = _worker_part(make_reader(cfg, "test", paths=data))
-    logs = model.evaluate(part, verbose=verbose, exact_auc=True)
-    _require_rows(model, part, data)
-    return logs
+    try:
+        return model.evaluate(part, verbose=verbose, exact_auc=True)
+    except DataError as e:
+        bad = part.stats.bad_rows
+        skipped = f" ({bad} bad rows skipped by this worker)" if bad else ""
+        raise DataError(f"{_input_name(data)}: {e}{skipped}") from None
 
 
 def part_path(output: str, rank: int, world: int, kind: str) -> str:
@@ -577,6 +584,7 @@ def predict(
         ConfigError: unknown format; the config's test data matches no file or holds no rows.
         ArgumentError: ``output`` cannot be written, ``data`` matches no file or
             holds no rows; nothing is written then.
+        DataError: no row of the input can be read; nothing is written then.
     """
     kind = fmt or ("csv" if output.lower().endswith(".csv") else "parquet")
     if kind not in ("parquet", "csv"):

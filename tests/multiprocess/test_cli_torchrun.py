@@ -63,3 +63,37 @@ def test_train_on_two_workers_evaluate_in_one_predict_merged(launch, tmp_path, c
     assert ids == want["row_id"].to_pylist()  # every row once, in the files' order
     got = pq.read_table(out)["prediction"].to_numpy()
     assert abs(got - want["prediction"].to_numpy()).max() < 1e-6
+
+
+# Each worker picks its own arguments by RANK: a launcher that starts workers with
+# different configs or output dirs (the same argv reaches every worker otherwise).
+PER_RANK = """\
+import os, sys
+from tnrec.cli import main
+rank = os.environ["RANK"]
+sys.exit(main(["train", "--config", f"run{rank}.toml", *sys.argv[1:]]
+              + (["--output-dir", f"out{rank}"] if os.environ.get("PER_RANK_OUT") else [])))
+"""
+
+
+def test_workers_with_different_configs_or_output_dirs_fail_fast(launch, tmp_path, monkeypatch):
+    generate(tmp_path / "data", SyntheticConfig(rows_per_day=200, num_days=1, test_rows=50))
+    (tmp_path / "run0.toml").write_text(TOML)
+    (tmp_path / "run1.toml").write_text(TOML.replace("embedding_dim = 4", "embedding_dim = 8"))
+    (tmp_path / "per_rank.py").write_text(PER_RANK)
+    res = launch(2, [], timeout_s=120.0, target=["per_rank.py"], cwd=str(tmp_path))
+    assert res.returncode != 0
+    for rank in (0, 1):  # every worker fails with the same message, naming the key
+        want = (
+            f"tnrec train: error: run{rank}.toml: the workers were started with "
+            "different run configs or model dirs: rank 1 differs from rank 0 in "
+            "model.embedding_dim. Start every worker with the same config and --output-dir."
+        )
+        assert want in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()  # nothing built or written
+    (tmp_path / "run1.toml").write_text(TOML)
+    monkeypatch.setenv("PER_RANK_OUT", "1")
+    res = launch(2, [], timeout_s=120.0, target=["per_rank.py"], cwd=str(tmp_path))
+    assert res.returncode != 0
+    assert res.stderr.count("rank 1 differs from rank 0 in output_dir, model_dir.") == 2
+    assert not (tmp_path / "out0").exists() and not (tmp_path / "out1").exists()

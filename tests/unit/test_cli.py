@@ -436,7 +436,7 @@ def test_inspect_prints_days_tables_and_quantiles(trained, capsys):
     assert "model       deepfm (embedding_dim=4, hidden_units=[16], seed=1)" in text
     assert "published   2024-05-11/2" in text
     assert "  2024-05-10  1            yes       4            1" in text
-    assert "tables of 2024-05-11/2 (generation 2, 1 worker(s))" in text
+    assert "tables of 2024-05-11/2 (generation 2, 1 worker(s)" in text
     assert "show quantiles" in text and "click quantiles" in text
     assert main(["inspect", md, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
