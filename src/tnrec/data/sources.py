@@ -113,7 +113,7 @@ def _parquet(path: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f'file "{path}": cannot be read as Parquet: {e}') from e
+        raise DataError(f'file "{path}": cannot be read as Parquet: {_one_line(e)}') from e
 
 
 def _batches(
@@ -131,6 +131,10 @@ def _batches(
         except (OSError, pa.ArrowException) as e:
             raise DataError(
                 f'file "{path}", row group {group}: cannot be read as Parquet '
-                f"(damaged page or column chunk?): {e}"
+                f"(damaged page or column chunk?): {_one_line(e)}"
             ) from e
         yield rb
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())

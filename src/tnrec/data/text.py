@@ -117,7 +117,7 @@ class TextSource:
         try:
             size = os.path.getsize(path)
             with open(path, "rb") as f:
-                head = f.read(8)
+                head = f.read(16)
                 f.seek(0)
                 line = f.readline(_MAX_HEADER_BYTES) if self.header else b""
         except OSError as e:
