@@ -14,7 +14,7 @@ import torch
 
 from tnrec import metrics as metrics_lib
 from tnrec.distribute import current_strategy
-from tnrec.errors import ArgumentError, DataError, NonFiniteError
+from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.layers import EmbeddingFeatures
 from tnrec.layers.embedding import BagLayout, bag_layout
 from tnrec.losses import (
@@ -22,10 +22,8 @@ from tnrec.losses import (
     SINGLE,
     Head,
     LossFn,
-    label_problem,
     label_range,
     mse,
-    weight_problem,
 )
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
 from tnrec.ps import LocalPS, unique_inverse
@@ -58,12 +56,6 @@ def _all_finite(t: torch.Tensor) -> bool:
     if t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad:
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
-
-
-def _names(names: list[str], most: int = 5) -> str:
-    """Return up to ``most`` quoted names and how many more there are."""
-    shown = ", ".join(f'"{n}"' for n in names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 class Model(TrainingLoops, torch.nn.Module):
@@ -539,46 +531,6 @@ class Model(TrainingLoops, torch.nn.Module):
                 for m in h.metrics:
                     m.update(y, p, batch.weights)
 
-    def _batch_problem(self, batch: Any) -> str | None:
-        """Return why this worker's ``batch`` cannot be trained or evaluated on (None if it can).
-
-        Labels outside their head's range and bad sample weights are checked per
-        batch: data files are read batch by batch, so this is where their values
-        first reach tnrec. One min and one max per label and weight column.
-        """
-        if batch.size == 0:
-            return None
-        for h in self._heads:
-            if h.label_range is not None:
-                name = h.label if h.label is not None else batch.label_names[0]
-                problem = label_problem(h, self._label(h, batch), name, batch.row_ids)
-                if problem is not None:
-                    return problem
-        return weight_problem(batch.weights, batch.row_ids)
-
-    def _global_size(self, batch: Any, where: str) -> tuple[float, float]:
-        """Return ``(rows, sum of sample weights)`` of the global batch (one all-reduce).
-
-        The same all-reduce tells every worker whether any worker's batch failed
-        :meth:`_batch_problem`, so all of them raise at the same step.
-
-        Raises:
-            DataError: a label lies outside its head's range, or a sample weight is
-                negative or not finite, in this worker's batch or another's.
-        """
-        problem = self._batch_problem(batch)
-        w = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
-        flag = problem is not None
-        total = self.ps.all_reduce_sum(np.array([batch.size, 0.0 if flag else w, flag]))
-        if problem is not None:
-            raise DataError(f"{where}: {problem} Nothing was updated.")
-        if total[2]:
-            raise DataError(
-                f"{where}: {int(total[2])} other worker(s) got a batch with invalid labels or "
-                "sample weights; their errors name the rows. Nothing was updated."
-            )
-        return float(total[0]), float(total[1])
-
     # ------------------------------------------------------------------ steps
 
     def train_step(self, batch: Any) -> dict[str, float]:
@@ -620,38 +572,20 @@ class Model(TrainingLoops, torch.nn.Module):
             np.float64,
         )
         flags = self.ps.all_reduce_grads(params, bad)
-        if flags.any() or not all(p.grad is None or _all_finite(p.grad) for p in params):
+        dense = [
+            n
+            for n, p in self.named_parameters()
+            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
+        ]
+        if flags.any() or dense:
             self._release()
-            raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags)}")
+            raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags, dense)}")
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
         self.push()
         opt.step()
         self._update_metrics(batch, preds)
         return {"loss": float(loss.detach())}
-
-    def _non_finite(self, tables: list[str], flags: npt.NDArray[np.float64]) -> str:
-        """Say which of the loss, the tables and the dense parameters went NaN or infinite."""
-        W = self.ps.world_size
-        on = (lambda n: f" on {int(n)} of {W} workers") if W > 1 else (lambda n: "")
-        parts = [f"the loss{on(flags[0])}"] if flags[0] else []
-        bad_tables = [t for t, f in zip(tables, flags[1:], strict=True) if f]
-        if bad_tables:
-            most = int(flags[1:].max())
-            parts.append(f"the gradients of table(s) {_names(bad_tables)}{on(most)}")
-        dense = [
-            n
-            for n, p in self.named_parameters()
-            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
-        ]
-        if dense:
-            parts.append(f"the gradients of dense parameter(s) {_names(dense)}")
-        return (
-            f"{'; '.join(parts)} are NaN or infinite, so nothing was updated. Lower the "
-            "learning rates (a diverging model overflows); check the inputs for NaN or huge "
-            "values (dense features, labels, sample weights); check a custom loss for log(0) "
-            "or a division by zero."
-        )
 
     def test_step(self, batch: Any) -> dict[str, Any]:
         """One evaluation step (no table changes): pull without creating, forward, metrics.

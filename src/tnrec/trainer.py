@@ -7,17 +7,25 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tnrec import metrics as metrics_lib
 from tnrec.callbacks import Callback, History, ProgressBar
 from tnrec.errors import ArgumentError, DataError
-from tnrec.losses import SINGLE, Head
+from tnrec.losses import SINGLE, Head, label_problem, weight_problem
+
+
+def _listed(items: list[str], most: int = 5) -> str:
+    """Return up to ``most`` of ``items``, comma-separated, and how many more there are."""
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
 class TrainingLoops:
     """``fit`` / ``evaluate`` / ``predict`` over ``train_step`` / ``test_step`` / ``predict_step``.
 
     Mixed into :class:`tnrec.Model`; the step methods are the override points.
+    The checks a step takes together on every worker (the data's labels and
+    sample weights, the report of non-finite gradients) live here too.
     """
 
     _heads: list[Head]
@@ -55,6 +63,80 @@ class TrainingLoops:
                 key = m.name if h.name == SINGLE else f"{h.name}_{m.name}"
                 logs[key] = float(m.result())
         return logs
+
+    # -------------------------------------------------- checks every worker takes together
+
+    def _batch_problem(self, batch: Any) -> str | None:
+        """Return why this worker's ``batch`` cannot be trained or evaluated on (None if it can).
+
+        Labels outside their head's range and bad sample weights are checked per
+        batch: data files are read batch by batch, so this is where their values
+        first reach tnrec. One min and one max per label and weight column.
+        """
+        if batch.size == 0:
+            return None
+        for h in self._heads:
+            if h.label_range is not None:
+                name = h.label if h.label is not None else batch.label_names[0]
+                problem = label_problem(h, self._label(h, batch), name, batch.row_ids)
+                if problem is not None:
+                    return problem
+        return weight_problem(batch.weights, batch.row_ids)
+
+    def _global_size(self, batch: Any, where: str) -> tuple[float, float]:
+        """Return ``(rows, sum of sample weights)`` of the global batch (one all-reduce).
+
+        The same all-reduce tells every worker whether any worker's batch failed
+        :meth:`_batch_problem`, so all of them raise at the same step.
+
+        Raises:
+            DataError: a label lies outside its head's range, or a sample weight is
+                negative or not finite, in this worker's batch or another's.
+        """
+        problem = self._batch_problem(batch)
+        w = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
+        flag = problem is not None
+        total = self.ps.all_reduce_sum(np.array([batch.size, 0.0 if flag else w, flag]))
+        if problem is not None:
+            raise DataError(f"{where}: {problem} Nothing was updated.")
+        if total[2]:
+            raise DataError(
+                f"{where}: {int(total[2])} other worker(s) got a batch with invalid labels or "
+                "sample weights; their errors name the rows. Nothing was updated."
+            )
+        return float(total[0]), float(total[1])
+
+    def _non_finite(
+        self, tables: list[str], flags: npt.NDArray[np.float64], dense: list[str]
+    ) -> str:
+        """Say which of the loss, the tables and the dense parameters went NaN or infinite.
+
+        Args:
+            tables: the step's tables, in the order of ``flags[1:]``.
+            flags: per flag, the number of workers where it is set: the loss is
+                not finite, then each table's gradient is not.
+            dense: the dense parameters whose (all-reduced) gradient is not finite.
+        """
+        W = self.ps.world_size
+
+        def on(n: float) -> str:
+            return f" (on {int(n)} of {W} workers)" if W > 1 else ""
+
+        parts = [f"the loss{on(flags[0])}"] if flags[0] else []
+        bad = [f'"{t}"{on(f)}' for t, f in zip(tables, flags[1:], strict=True) if f]
+        if bad:
+            parts.append(f"the gradients of table(s) {_listed(bad)}")
+        if dense:
+            quoted = [f'"{n}"' for n in dense]
+            parts.append(f"the gradients of dense parameter(s) {_listed(quoted)}")
+        return (
+            f"{'; '.join(parts)} are NaN or infinite, so nothing was updated. Lower the "
+            "learning rates (a diverging model overflows); check the inputs for NaN or huge "
+            "values (dense features, labels, sample weights); check a custom loss for log(0) "
+            "or a division by zero."
+        )
+
+    # -------------------------------------------------------------------------- loops
 
     def _worker_part(self, data: Iterable[Any]) -> Iterable[Any]:
         """Split a whole tnrec reader per worker; anything else is taken as this worker's part."""

@@ -12,7 +12,13 @@ import tnrec as tn
 from tnrec import _fileio
 from tnrec.data.batch import Batch, Jagged
 from tnrec.data.synthetic import SyntheticConfig, generate
-from tnrec.errors import ArgumentError, CheckpointError, ChecksumError, DataError, FormatVersionError
+from tnrec.errors import (
+    ArgumentError,
+    CheckpointError,
+    ChecksumError,
+    DataError,
+    FormatVersionError,
+)
 from tnrec.models import DCN, LR, MODELS, CrossLayer, DeepFM, WideDeep, build
 from tnrec.models.artifacts import load_model, save_model
 from tnrec.models.base import MAX_INITIAL_BIAS, initial_bias
@@ -165,7 +171,9 @@ def test_load_model_errors_name_the_file(tmp_path, criteo_data):
     model.compile()
     save_model(model, tmp_path / "m", {})
     doc = json.loads((tmp_path / "m" / "model.json").read_text())
-    (tmp_path / "m" / "model.json").write_bytes(_fileio.dumps_checked({**doc, "format_version": 99}))
+    (tmp_path / "m" / "model.json").write_bytes(
+        _fileio.dumps_checked({**doc, "format_version": 99})
+    )
     with pytest.raises(FormatVersionError, match=r"model.json: format_version 99 is not supported"):
         load_model(tmp_path / "m")
     (tmp_path / "m" / "model.json").write_text(json.dumps({**doc, "model": "deepfm"}))
@@ -283,7 +291,8 @@ def tiny_batch(labels, weights=None, seed=0):
 def first_step_bias(name, params, batch):
     torch.manual_seed(0)
     model = build(name, TINY_COLS, **params)
-    model.compile(torch.optim.SGD(model.parameters(), lr=0.0))  # the step itself leaves the bias alone
+    # lr 0: the step itself leaves the bias where the prior put it
+    model.compile(torch.optim.SGD(model.parameters(), lr=0.0))
     model.train_step(batch)
     return float(model.output_bias().detach()[0])
 
