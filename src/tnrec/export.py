@@ -639,7 +639,8 @@ def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str
     path = os.path.abspath(os.fspath(path))
     fname = os.path.join(path, MANIFEST)
     if not os.path.isdir(path):
-        raise CheckpointError(f"No export at {path}: the directory does not exist.")
+        why = "it is not a directory" if os.path.exists(path) else "no such directory"
+        raise CheckpointError(f"No export at {path}: {why}.")
     if not os.path.isfile(fname):
         raise CheckpointError(f"No export at {path}: {fname} does not exist.")
     what = "export manifest" if fmt == FORMAT else "delta export manifest"

@@ -31,7 +31,6 @@ from tnrec.layers.pooling import _pool_forward, bag_scales, sequence_positions
 from tnrec.losses import PREDICTIONS
 
 _INT64 = (-(2**63), 2**63)
-_F32_MAX = float(np.finfo(np.float32).max)
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
 
@@ -141,7 +140,8 @@ class Predictor:
                 raise _value_error(self._by_key[k], _as_list(values), e) from None
         return pa.table(arrays)
 
-    def _batch(self, rows: Any) -> tuple[Any, pa.Table]:
+    def _batch(self, rows: Any) -> Any:
+        """Hash ``rows`` into a batch with the readers' code; name the row of a bad value."""
         raw = self._raw_columns(rows)
         table = raw if isinstance(raw, pa.Table) else self._arrow(raw)
         try:
@@ -153,17 +153,7 @@ class Predictor:
                     if found is not None:
                         raise _row_error(self._by_key[k], *found) from None
             raise DataError(f"Predictor.predict: {e}") from None
-        bad = ~np.isfinite(batch.dense)  # [B, F]
-        if bad.any():
-            row, c = (int(i) for i in np.argwhere(bad)[0])
-            key = batch.dense_names[c]
-            raise DataError(
-                f'Predictor.predict: row {row}, column "{key}": value '
-                f"{_repr.repr(table.column(key)[row].as_py())} gives {float(batch.dense[row, c])} "
-                "as the network's float32 input; expected a number that stays finite in "
-                f"float32 after the column's transforms (|x| <= {_F32_MAX:.4g})."
-            )
-        return batch, table
+        return batch
 
     # ------------------------------------------------------------ the network
 
@@ -202,7 +192,7 @@ class Predictor:
             CheckpointError: the dense graph fails on the inputs the manifest
                 describes (the export is inconsistent).
         """
-        batch, _ = self._batch(rows)
+        batch = self._batch(rows)
         B = batch.size
         if B == 0:
             return self._empty()
@@ -292,6 +282,8 @@ def _load_graph(fname: str) -> Any:
 
 
 def _as_list(values: Any) -> list[Any]:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values.to_pylist()
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 

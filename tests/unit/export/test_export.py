@@ -9,112 +9,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from export_common import Custom, batches, raw_rows, schema, train_custom
 
 import tnrec as tn
-from tnrec.data import to_batch
 from tnrec.errors import ArgumentError, ChecksumError, DataError
 from tnrec.export import apply_delta, export_delta, load_dictionary
 from tnrec.serving import Predictor
-from tnrec.table import AdaGrad, EvictionPolicy
-
-fc = tn.feature_column
-USER = fc.category_column("user", dtype="int")
-ITEM = fc.category_column("item", dtype="str")
-TAGS = fc.category_column("tags", dtype="str")
-CLICKS = fc.sequence_category_column("clicks", dtype="int", max_length=3)
-PRICE = fc.numeric_column("price", default=1.0, transform=fc.log1p())
-AGE = fc.numeric_column("age", default=30.0, transform=fc.bucketize([18, 30, 50]))
-INPUTS = [USER, ITEM, TAGS, CLICKS, AGE, PRICE]
-
-
-class Custom(tn.Model):
-    """Sum, mean and sqrtn bags, a sequence column with attention-like pooling, two heads."""
-
-    def __init__(self):
-        super().__init__()
-        self.feature_columns = [PRICE]
-        opt = AdaGrad(0.1)
-        pol = EvictionPolicy(show_threshold=1.5)
-        self.emb = tn.layers.EmbeddingFeatures(
-            [
-                fc.embedding_column(USER, 4),
-                fc.embedding_column(ITEM, 4, combiner="mean"),
-                fc.embedding_column(TAGS, 4, combiner="sqrtn"),
-                fc.embedding_column(AGE, 4),
-            ],
-            opt,
-            output="dict",
-            policy=pol,
-        )
-        self.seq = tn.layers.EmbeddingFeatures(
-            [fc.embedding_column(CLICKS, 4)], opt, table="emb", policy=pol
-        )
-        self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(21, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)
-        )
-
-    def forward_dense(self, pooled, dense):
-        grid, lengths = pooled["seq"][0]  # [B, T, D], [B]
-        mask = (torch.arange(grid.shape[1])[None, :] < lengths[:, None]).float()  # [B, T]
-        seq = (grid * mask[:, :, None]).sum(1) / lengths.clamp(min=1)[:, None].float()  # [B, D]
-        e = pooled["emb"]
-        z = self.mlp(torch.cat([e["user"], e["item"], e["tags"], e["age"], seq, dense], 1))
-        return {"ctr": z[:, 0], "cvr": torch.sigmoid(z[:, 1])}
-
-
-def raw_rows(n, seed, shift=0):
-    """Raw rows; ``shift`` moves the id ranges (new ids appear, old ones go quiet)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(n):
-        rows.append(
-            {
-                "user": None if rng.random() < 0.1 else int(rng.integers(0, 30)) + shift,
-                "item": None if rng.random() < 0.1 else f"i{rng.integers(0, 20) + shift}",
-                "tags": [f"t{t}" for t in rng.integers(0, 8, rng.integers(0, 4))],
-                "clicks": [int(c) for c in rng.integers(0, 15, rng.integers(0, 6))],
-                "age": None if rng.random() < 0.1 else float(rng.integers(10, 70)),
-                "price": None if rng.random() < 0.1 else float(rng.exponential(10)),
-                "ctr": float(rng.random() < 0.3),
-                "cvr": float(rng.random() < 0.1),
-            }
-        )
-    return rows
-
-
-def schema():
-    return pa.schema(
-        [
-            ("user", pa.int64()),
-            ("item", pa.string()),
-            ("tags", pa.list_(pa.string())),
-            ("clicks", pa.list_(pa.int64())),
-            ("age", pa.float64()),
-            ("price", pa.float64()),
-            ("ctr", pa.float64()),
-            ("cvr", pa.float64()),
-        ]
-    )
-
-
-def batches(rows, size=32):
-    table = pa.Table.from_pylist(rows, schema=schema())
-    return [
-        to_batch(table.slice(i, size), INPUTS, label=["ctr", "cvr"])
-        for i in range(0, len(rows), size)
-    ]
 
 
 @pytest.fixture(scope="module")
 def trained():
-    torch.manual_seed(0)
-    m = Custom()
-    m.compile(
-        tn.optimizer.Adam(learning_rate=0.02),
-        loss={"ctr": "binary_crossentropy_from_logits", "cvr": "binary_crossentropy"},
-    )
-    m.fit(batches(raw_rows(320, 0)), epochs=2, verbose=0)
-    return m
+    return train_custom()
 
 
 def test_predictor_reproduces_model_predict_from_raw_rows(trained, tmp_path):
@@ -188,7 +93,7 @@ def test_predictor_input_errors(trained, tmp_path):
         p.predict(42)
     bad = raw_rows(3, 5)
     bad[1]["user"] = "not-a-number"
-    with pytest.raises(DataError):
+    with pytest.raises(DataError, match=r'row 1, column "user": expected a number like row 0'):
         p.predict(bad)
     with pytest.raises(ArgumentError, match="already exists"):
         trained.export(str(tmp_path / "exp"))
@@ -225,6 +130,9 @@ def test_full_plus_delta_equals_full(tmp_path):
         np.testing.assert_array_equal(w, e2["weights"][keep2])
         doc = json.loads((tmp_path / f"delta-{min_show}" / "manifest.json").read_text())
         assert doc["since"] == "d1/1" and doc["to"] == "d2/2"
+        assert (doc["since_generation"], doc["to_generation"]) == (1, 2)
+        assert doc["format_version"] == 2 and doc["checksum"].startswith("sha256:")
+        assert doc["tables"]["emb"]["dim"] == 4
         assert 0 < doc["tables"]["emb"]["updated"] < e2["keys"].shape[0]
 
 
