@@ -374,14 +374,14 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
             another model's checkpoint.
         DistributedError: on the other workers when rank 0 cannot write the model dir.
     """
+    strategy = _strategy(cfg.distributed["timeout_s"])
+    rank = strategy.rank
+    _check_same_config(strategy, cfg)
     if cfg.train["steps_per_epoch"] is not None:
         raise ConfigError(
             f'{cfg.source}: "train.steps_per_epoch" is not supported by the daily cycle of '
             "`tnrec train` (every day is trained in full); remove it."
         )
-    strategy = _strategy(cfg.distributed["timeout_s"])
-    rank = strategy.rank
-    _check_same_config(strategy, cfg)
     _check_run_dirs(cfg)
     check_inputs(cfg)
     days = _days(cfg)
