@@ -96,10 +96,11 @@ def _strategy(timeout_s: float | None = None) -> PsStrategy:
 
 def _number_problem(value: Any, kind: type, minimum: float, above: bool) -> str | None:
     """What is wrong with ``value`` as a finite ``kind`` >= ``minimum`` (> with ``above``)."""
+    # An int is finite; math.isfinite would overflow on one too large for a float.
     ok = (
         isinstance(value, (int, float) if kind is float else int)
         and not isinstance(value, bool)
-        and math.isfinite(value)
+        and (isinstance(value, int) or math.isfinite(value))
         and (value > minimum if above else value >= minimum)
     )
     if ok:
@@ -108,7 +109,7 @@ def _number_problem(value: Any, kind: type, minimum: float, above: bool) -> str 
     return f"must be {what} {'>' if above else '>='} {minimum:g}"
 
 
-def check_number(
+def _check_number(
     name: str, value: Any, kind: type = float, minimum: float = 0, above: bool = False
 ) -> Any:
     """Return ``value`` if it is a finite ``kind`` >= ``minimum`` (> ``minimum`` with ``above``).
@@ -122,7 +123,7 @@ def check_number(
     return value
 
 
-def number_arg(kind: type, minimum: float = 0, above: bool = False) -> Callable[[str], Any]:
+def _number_arg(kind: type, minimum: float = 0, above: bool = False) -> Callable[[str], Any]:
     """Return an argparse ``type=`` that parses a finite ``kind`` >= ``minimum`` (> with ``above``).
 
     NaN, infinities, values out of range and text that is not a ``kind`` are
@@ -180,7 +181,7 @@ def _finite_or_null(obj: Any) -> Any:
     return obj
 
 
-def to_json(obj: Any, **kwargs: Any) -> str:
+def _to_json(obj: Any, **kwargs: Any) -> str:
     """Return ``obj`` as strict JSON: a non-finite number becomes ``null``."""
     return json.dumps(_finite_or_null(obj), allow_nan=False, **kwargs)
 
@@ -295,7 +296,7 @@ def _write_run_files(cfg: RunConfig, doc: dict[str, Any]) -> None:
     path = os.path.join(cfg.output_dir, CONFIG_FILE)
     try:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(to_json(cfg.to_dict(), indent=2))
+            f.write(_to_json(cfg.to_dict(), indent=2))
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror}.") from None
 
@@ -329,7 +330,7 @@ def _append_runlog(out_dir: str, records: Sequence[dict[str, Any]]) -> str:
     path = os.path.join(out_dir, RUNLOG_FILE)
     with open(path, "a", encoding="utf-8") as f:
         for r in records:
-            f.write(to_json(r) + "\n")
+            f.write(_to_json(r) + "\n")
     return path
 
 
@@ -673,7 +674,7 @@ def export(
     if launch_env().world_size > 1:
         raise ArgumentError("tnrec export runs in one process; launch it without torchrun.")
     if min_show is not None:
-        check_number("--min-show", min_show)
+        _check_number("--min-show", min_show)
     if not delta and (since is not None or to is not None):
         raise ArgumentError("--since and --to go with --delta.")
     if delta and dt is not None:
@@ -756,9 +757,9 @@ def demo(
     """
     from tnrec.data.synthetic import SyntheticConfig, generate
 
-    check_number("demo: `rows`", rows, int, 1)
-    check_number("demo: `epochs`", epochs, int, 1)
-    check_number("demo: `seed`", seed, int, 0)
+    _check_number("demo: `rows`", rows, int, 1)
+    _check_number("demo: `epochs`", epochs, int, 1)
+    _check_number("demo: `seed`", seed, int, 0)
     if output_dir is not None:
         problem = _dir_problem(output_dir)
         if problem is not None:
@@ -799,15 +800,15 @@ def demo(
 
 
 def _parser() -> argparse.ArgumentParser:
-    positive_int = number_arg(int, 1)
-    timeout = number_arg(float, 0, above=True)
+    positive_int = _number_arg(int, 1)
+    timeout = _number_arg(float, 0, above=True)
     p = argparse.ArgumentParser(prog="tnrec", description="tnrec: train and run zoo models.")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="synthetic data -> DeepFM -> test AUC vs optimal AUC")
     d.add_argument("--rows", type=positive_int, default=300_000, help="training rows (>= 1)")
     d.add_argument("--epochs", type=positive_int, default=1, help="passes (>= 1)")
     d.add_argument("--output-dir", help="keep data and run here (default: a temp dir)")
-    d.add_argument("--seed", type=number_arg(int, 0), default=0, help="(>= 0)")
+    d.add_argument("--seed", type=_number_arg(int, 0), default=0, help="(>= 0)")
     t = sub.add_parser("train", help="train the days of a TOML run config, a checkpoint a day")
     t.add_argument("--config", required=True, help="the run.toml")
     t.add_argument("--output-dir", help="override output_dir of the config")
@@ -833,7 +834,7 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, help="a new directory")
     x.add_argument("--dt", help="the last checkpoint of this day (default: the published one)")
     x.add_argument(
-        "--min-show", type=number_arg(float, 0), help="drop rows whose show is below this (>= 0)"
+        "--min-show", type=_number_arg(float, 0), help="drop rows whose show is below this (>= 0)"
     )
     x.add_argument("--onnx", action="store_true", help="also write dense.onnx (needs onnx)")
     x.add_argument("--delta", action="store_true", help="rows updated/deleted --since --to")
@@ -861,11 +862,11 @@ def _run(args: argparse.Namespace) -> None:
             cfg.distributed["timeout_s"] = args.timeout_s
         logs = train(cfg, eval_next_day=args.eval_next_day)
         if _strategy().rank == 0:
-            print(to_json({k: v for k, v in logs.items() if k != "days"}))
+            print(_to_json({k: v for k, v in logs.items() if k != "days"}))
     elif args.command == "evaluate":
         logs = evaluate(args.model_dir, args.data, verbose=0, timeout_s=args.timeout_s)
         if _strategy().rank == 0:
-            print(to_json(logs))
+            print(_to_json(logs))
     elif args.command == "predict":
         n = predict(args.model_dir, args.output, args.data, args.format, args.merge, args.timeout_s)
         s = _strategy()
