@@ -670,12 +670,20 @@ def _load_npy(fname: str, mmap: bool = True) -> np.ndarray:
     if not os.path.isfile(fname):
         raise CheckpointError(f"Export file {fname} is missing.")
     try:
-        return np.load(fname, mmap_mode="r" if mmap else None, allow_pickle=False)
+        arr = np.load(fname, mmap_mode="r" if mmap else None, allow_pickle=False)
     except Exception as e:  # numpy raises many types on a damaged header; name the file
         raise CheckpointError(
             f"Export file {fname} is damaged (not a readable .npy array: {e}); "
             "write the export anew."
         ) from None
+    if not isinstance(arr, np.ndarray):  # np.load opens any zip archive as an .npz
+        with contextlib.suppress(Exception):
+            arr.close()
+        raise CheckpointError(
+            f"Export file {fname} is damaged (a zip archive, not an .npy array); "
+            "write the export anew."
+        )
+    return arr
 
 
 _CHUNK = 1 << 22  # compare keys in blocks: bounded memory on a memory-mapped file

@@ -318,6 +318,14 @@ def test_damaged_or_missing_graph(exp):
         Predictor(exp, verify=False)
 
 
+def test_a_zip_in_place_of_a_dictionary(exp, tiny_export):
+    shutil.copy(os.path.join(tiny_export, "dense.pt2"), os.path.join(exp, KEYS))
+    with pytest.raises(
+        CheckpointError, match=r"keys\.npy is damaged \(a zip archive, not an \.npy"
+    ):
+        Predictor(exp, verify=False)
+
+
 # ---------------------------------------------------------------- provenance
 
 
