@@ -617,8 +617,8 @@ def predict(
     return table.num_rows
 
 
-def _complete_checkpoint(path: str, allow_incomplete: bool) -> str:
-    """Return ``path`` unless its manifest marks its day incomplete (a mid-day checkpoint).
+def _checked_manifest(path: str, allow_incomplete: bool) -> dict[str, Any]:
+    """Return the manifest of checkpoint ``path`` unless it marks its day incomplete (mid-day).
 
     Raises:
         ArgumentError: the day is incomplete and ``allow_incomplete`` is False.
@@ -630,7 +630,19 @@ def _complete_checkpoint(path: str, allow_incomplete: bool) -> str:
             f"{manifest.get('generation')}) was saved mid-day (the day's training was "
             "interrupted or is still running). Pass --allow-incomplete to export it anyway."
         )
-    return path
+    return manifest
+
+
+def _provenance(root: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint an export comes from, for its manifest (:func:`tnrec.export.export`)."""
+    resume = manifest.get("resume") or {}
+    return {
+        "model_dir": root,
+        "dt": manifest["dt"],
+        "generation": manifest["generation"],
+        "global_step": resume.get("global_step"),
+        "complete": resume.get("day_complete"),
+    }
 
 
 def _check_new_dir(path: str, flag: str) -> None:
@@ -658,8 +670,10 @@ def export(
 
     Runs in one process, whatever number of workers wrote the checkpoint: the
     zoo model is rebuilt from ``model.json``, loaded with ``load_weights`` and
-    exported with ``model.export``. With ``delta``, the rows updated and keys
-    deleted between the last checkpoints of days ``since`` and ``to``
+    exported with :func:`tnrec.export.export`, whose manifest records the
+    checkpoint's provenance (model dir, day, generation, global step,
+    complete). With ``delta``, the rows updated and keys deleted between the
+    last checkpoints of days ``since`` and ``to``
     (:func:`tnrec.export.export_delta`). A checkpoint whose manifest marks its
     day incomplete (a mid-day save) is refused unless ``allow_incomplete``.
 
@@ -687,16 +701,23 @@ def export(
         path = checkpoint.latest(root, dt)
         if path is None:
             raise CheckpointError(_no_checkpoint(root, dt))
-        _complete_checkpoint(path, allow_incomplete)
+        manifest = _checked_manifest(path, allow_incomplete)
         model, _ = load_model(root, dt)
-        dt_label = checkpoint.read_manifest(path)["dt"]
-        return model.export(out, min_show=min_show, dt=dt_label, onnx=onnx)
+        return export_lib.export(
+            model,
+            out,
+            min_show=min_show,
+            dt=manifest["dt"],
+            onnx=onnx,
+            provenance=_provenance(root, manifest),
+        )
     dirs = []
     for day in (since, to):
         path = checkpoint.latest(root, day)
         if path is None:
             raise CheckpointError(_no_checkpoint(root, day))
-        dirs.append(_complete_checkpoint(path, allow_incomplete))
+        _checked_manifest(path, allow_incomplete)
+        dirs.append(path)
     return export_lib.export_delta(dirs[0], dirs[1], out, min_show=min_show)
 
 

@@ -460,4 +460,14 @@ def test_export_refuses_a_day_whose_last_checkpoint_is_mid_day(tiny_model, tmp_p
         main([*base, "--out", str(tmp_path / "e2"), "--dt", "2024-05-11", "--allow-incomplete"])
         == 0
     )
-    assert (tmp_path / "e2" / "manifest.json").is_file()
+    manifest = json.loads((tmp_path / "e2" / "manifest.json").read_text())
+    assert manifest["provenance"] == {
+        "model_dir": str(root),
+        "dt": "2024-05-11",
+        "generation": 2,
+        "global_step": 2,  # 300 rows in batches of 200
+        "complete": False,
+    }
+    manifest = json.loads((tmp_path / "e1" / "manifest.json").read_text())
+    assert manifest["provenance"]["complete"] is True
+    assert manifest["provenance"]["generation"] == 1
