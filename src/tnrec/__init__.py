@@ -14,15 +14,24 @@ __version__ = "0.1.0"
 
 _SUBMODULES = {
     "callbacks",
+    "checkpoint",
+    "cli",
+    "daily",
     "data",
     "distribute",
     "errors",
+    "export",
     "feature_column",
+    "inspection",
     "layers",
+    "losses",
     "metrics",
+    "model",
     "models",
     "optimizer",
     "ps",
+    "runlog",
+    "serving",
     "table",
 }
 
@@ -31,15 +40,24 @@ __all__ = ["Model", "__version__", *sorted(_SUBMODULES)]
 if TYPE_CHECKING:
     from tnrec import (  # noqa: F401
         callbacks,
+        checkpoint,
+        cli,
+        daily,
         data,
         distribute,
         errors,
+        export,
         feature_column,
+        inspection,
         layers,
+        losses,
         metrics,
+        model,
         models,
         optimizer,
         ps,
+        runlog,
+        serving,
         table,
     )
     from tnrec.model import Model

@@ -84,13 +84,13 @@ import hashlib
 import json
 import math
 import os
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import tomllib
 
 from tnrec.data import Reader, criteo_columns, list_files, read_criteo, read_csv, read_parquet
 from tnrec.errors import ArgumentError, DataError, SpecError
