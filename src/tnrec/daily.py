@@ -27,7 +27,7 @@ import numpy as np
 
 from tnrec.callbacks import Callback, Checkpoint
 from tnrec.checkpoint import lock_for_run
-from tnrec.errors import ArgumentError
+from tnrec.errors import ArgumentError, EmptyInputError
 
 
 @dataclass
@@ -154,7 +154,10 @@ def _train_days(
             continue
         day = DayReport(dt)
         if eval_next_day and have_model:
-            day.next_day_auc = model.evaluate(make_reader(), verbose=0).get("auc")
+            try:
+                day.next_day_auc = model.evaluate(make_reader(), verbose=0).get("auc")
+            except EmptyInputError:
+                day.next_day_auc = None  # nothing to score; training the day says why
         part = model._worker_part(make_reader())
         position = report.position if report is not None and dt == done_dt and not done else None
         first_epoch = 0
@@ -189,8 +192,16 @@ def _train_days(
             table.show_decay(delta)
             evicted += table.evict()
         last_decayed = dt
-        totals = ps.all_reduce_sum(np.array([counter.rows, evicted], np.float64))
-        day.rows_trained, day.keys_evicted = (int(x) for x in totals)
+        stats = getattr(part, "stats", None)
+        bad = int(getattr(stats, "bad_rows", 0) or 0)
+        totals = ps.all_reduce_sum(np.array([counter.rows, evicted, bad], np.float64))
+        day.rows_trained, day.keys_evicted, bad = (int(x) for x in totals)
+        if day.rows_trained == 0 and bad > 0 and not day.resumed:
+            raise EmptyInputError(
+                f"day {dt}: no row was trained: all {bad} rows of its input were bad and "
+                "skipped (on_bad_row='skip'). The day is not marked complete; fix the input "
+                "and run again."
+            )
         day.keys_created = sum(created.values())
         day.table_sizes = _sizes(model)
         model.save_weights(

@@ -52,6 +52,10 @@ class DataError(TnrecError, ValueError):
     """Input data cannot be read as declared (bad row, missing file, wrong type)."""
 
 
+class EmptyInputError(DataError):
+    """The input holds no rows (or only rows that were skipped or weigh nothing)."""
+
+
 class SpecError(TnrecError, ValueError):
     """A feature column or feature-spec document is invalid."""
 

@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from tnrec import metrics as metrics_lib
 from tnrec.callbacks import Callback, History, ProgressBar
-from tnrec.errors import ArgumentError, DataError
+from tnrec.errors import ArgumentError, DataError, EmptyInputError
 from tnrec.losses import SINGLE, Head, label_problem, weight_problem
 
 
@@ -305,7 +305,7 @@ class TrainingLoops:
         if rows == 0 or weight == 0:
             W = self.ps.world_size
             where = f" (over all {W} workers)" if W > 1 else ""
-            raise DataError(
+            raise EmptyInputError(
                 f"{type(self).__name__}.evaluate: "
                 + (
                     f"the input holds no rows{where}"
