@@ -10,6 +10,7 @@
                  [--allow-incomplete]
     tnrec export --model-dir runs/deepfm/model --delta --since DT1 --to DT2 --out delta/
     tnrec inspect runs/deepfm/model[/DT] [--table T --key K] [--json]
+    tnrec checkpoint publish runs/deepfm/model/DT/GEN   # restore a lost _checkpoint, roll back
     torchrun --nproc-per-node 2 -m tnrec.cli train --config run.toml
 
 The model dir is a checkpoint root (:mod:`tnrec.checkpoint`) plus ``model.json``
@@ -866,6 +867,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="export a day whose last checkpoint was saved mid-day",
     )
+    c = sub.add_parser("checkpoint", help="checkpoint maintenance: publish a generation")
+    csub = c.add_subparsers(dest="action", required=True)
+    cp = csub.add_parser(
+        "publish", help="make MODEL_DIR/DT/GEN the current checkpoint (rewrite _checkpoint)"
+    )
+    cp.add_argument("path", metavar="MODEL_DIR/DT/GEN")
     i = sub.add_parser("inspect", help="days, generations, tables of a model dir; one row")
     i.add_argument("path", metavar="MODEL_DIR[/DT]")
     i.add_argument("--table")
@@ -912,6 +919,9 @@ def _run(args: argparse.Namespace) -> None:
         print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
     elif args.command == "inspect":
         print(inspect(args.path, args.table, args.key, args.json))
+    elif args.command == "checkpoint":
+        pointer = checkpoint.publish(args.path)
+        print(f"{pointer} now names {os.path.abspath(args.path)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -210,3 +210,19 @@ def test_a_day_whose_rows_were_all_skipped_is_not_marked_complete(common, tmp_pa
     )
     assert reports[0].rows_trained == 0
     assert checkpoint.read_manifest(checkpoint.latest(str(model_dir)))["resume"]["day_complete"]
+
+
+def test_cli_checkpoint_publish_restores_the_pointer(three_generations, capsys):
+    from tnrec.cli import main
+
+    model, model_dir, _ = three_generations
+    (model_dir / "_checkpoint").unlink()
+    assert main(["checkpoint", "publish", str(model_dir / "d2" / "3")]) == 0
+    assert "now names" in capsys.readouterr().out
+    assert model.load_weights(str(model_dir)).generation == 3
+    (model_dir / "d1" / "2" / "dense.pt").write_bytes(b"damaged")
+    assert main(["checkpoint", "publish", str(model_dir / "d1" / "2")]) == 2
+    assert "dense.pt is corrupt" in capsys.readouterr().err
+    assert main(["checkpoint", "publish", str(model_dir / "d1")]) == 2
+    assert "is not a checkpoint generation directory" in capsys.readouterr().err
+    assert checkpoint.read_pointer(str(model_dir)).generation == 3  # unchanged by the refusals
