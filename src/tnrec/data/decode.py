@@ -164,8 +164,8 @@ def _describe(arr: pa.Array, row: int, name: str, what: str) -> str:
     return f'column "{name}": value {snippet(raw)} is not {what}'
 
 
-# Text that pyarrow reads as NaN: "nan", "NaN", "-nan", "+NAN".
-_NAN_TEXT = r"^[+-]?[nN][aA][nN]$"
+# Text that pyarrow reads as NaN: "nan", "NaN", "-nan", "+NAN", "nan(123)".
+_NAN_TEXT = r"^[+-]?[nN][aA][nN](\([^)]*\))?$"
 _INT64_MAX = 2**63 - 1
 
 

@@ -233,15 +233,13 @@ class _BlockParser:
         self.fields = tuple(fields)
         self.delimiter = delimiter
         self.quoting = quoting
-        self._convert = {
-            kind: pcsv.ConvertOptions(
-                column_types={f: kind for f in fields},
-                include_columns=list(fields),
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-            )
-            for kind in (pa.string(), pa.binary())
-        }
+        self._convert = pcsv.ConvertOptions(
+            column_types={f: pa.string() for f in fields},
+            include_columns=list(fields),
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        )
+        self._marker: str | None = None  # stands for invalid UTF-8 in the current block
 
     def parse(
         self, block: bytes
@@ -254,13 +252,13 @@ class _BlockParser:
             ``(line, what is wrong)`` in line order, and the block's line count.
         """
         data = block if block.endswith(b"\n") else block + b"\n"
+        # pyarrow hands the invalid-row handler its row as str: invalid UTF-8 must go first.
+        data, self._marker = _mark_invalid_utf8(data)
         got = None
         if not _has_lone_cr(data):
             # Without quotes and lone "\r", pyarrow's rows are the lines: no count needed.
             lines = data.count(b"\n") if self.quoting and b'"' in data else None
-            got = self._try(data, lines, pa.string())
-            if got is None:  # invalid UTF-8 fails the string conversion of the whole block
-                got = self._try(data, lines, pa.binary())
+            got = self._try(data, lines)
         if got is None:
             ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + 1  # [n]
             tables: list[pa.Table] = []
@@ -271,15 +269,15 @@ class _BlockParser:
             rows = np.concatenate(at) if at else np.zeros(0, np.int64)
             got = (table, rows, sorted(bad), len(ends))
         table, rows, bad, n = got
-        if self.fields:
-            table, rows, bad = self._check_text(table, rows, bad, b"\x00" in data)
+        if self.fields and (self._marker is not None or b"\x00" in data):
+            table, rows, bad = self._check_text(table, rows, bad)
         return table, rows, bad, n
 
     def _empty(self) -> pa.Table:
-        return pa.table({f: pa.array([], pa.binary()) for f in self.fields})
+        return pa.table({f: pa.array([], pa.string()) for f in self.fields})
 
     def _try(
-        self, data: bytes, n: int | None, kind: pa.DataType
+        self, data: bytes, n: int | None
     ) -> tuple[pa.Table, npt.NDArray[np.int64], list[tuple[int, str]], int] | None:
         """Parse whole lines in one pyarrow call; None unless it gave one row per line.
 
@@ -307,7 +305,7 @@ class _BlockParser:
                     invalid_row_handler=on_invalid,
                     ignore_empty_lines=False,
                 ),
-                convert_options=self._convert[kind],
+                convert_options=self._convert,
             )
         except pa.ArrowException:
             return None
@@ -339,10 +337,7 @@ class _BlockParser:
         """Parse lines ``[i, j)``, halving the range until each part parses line by line."""
         lo = int(ends[i - 1]) if i else 0
         piece = data[lo : int(ends[j - 1])]
-        if j - i > 1 and _has_lone_cr(piece):
-            got = None
-        else:
-            got = self._try(piece, j - i, pa.binary())
+        got = None if j - i > 1 and _has_lone_cr(piece) else self._try(piece, j - i)
         if got is not None:
             tables.append(got[0])
             lines.append(got[1] + i)
@@ -355,29 +350,30 @@ class _BlockParser:
             self._bisect(data, ends, mid, j, tables, lines, bad)
 
     def _check_text(
-        self,
-        table: pa.Table,
-        lines: npt.NDArray[np.int64],
-        bad: list[tuple[int, str]],
-        has_nul: bool,
+        self, table: pa.Table, lines: npt.NDArray[np.int64], bad: list[tuple[int, str]]
     ) -> tuple[pa.Table, npt.NDArray[np.int64], list[tuple[int, str]]]:
-        """Move rows with invalid UTF-8 or NUL in a read field to ``bad``; cast to string."""
+        """Move rows with invalid UTF-8 or a NUL byte in a read field to ``bad``."""
         why: dict[int, str] = {}  # table row -> what is wrong
         for name in self.fields:
             col = table.column(name)
-            if pa.types.is_binary(col.type):
-                why.update((r, w) for r, w in _invalid_utf8(col, name).items() if r not in why)
-            if has_nul:
-                why.update((r, w) for r, w in _nul_bytes(col, name).items() if r not in why)
-        if why:
-            keep = np.ones(table.num_rows, dtype=np.bool_)
-            keep[list(why)] = False
-            table = table.filter(pa.array(keep))
-            bad = sorted([*bad, *((int(lines[r]), w) for r, w in why.items())])
-            lines = lines[keep]
-        if all(pa.types.is_string(t) for t in table.schema.types):
+            for what, needle in (("is not UTF-8", self._marker), ("holds a NUL byte", "\x00")):
+                if needle is None:
+                    continue
+                hits = pc.fill_null(pc.match_substring(col, needle), False)
+                for r in np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist():
+                    if r not in why:
+                        value = self._readable(col[r].as_py())
+                        why[r] = f'column "{name}": value {snippet(value)} {what}'
+        if not why:
             return table, lines, bad
-        return pa.table({f: table.column(f).cast(pa.string()) for f in self.fields}), lines, bad
+        keep = np.ones(table.num_rows, dtype=np.bool_)
+        keep[list(why)] = False
+        bad = sorted([*bad, *((int(lines[r]), w) for r, w in why.items())])
+        return table.filter(pa.array(keep)), lines[keep], bad
+
+    def _readable(self, text: str) -> str:
+        """Return text for a message: invalid UTF-8 shown as U+FFFD."""
+        return text if self._marker is None else text.replace(self._marker, "\ufffd")
 
     def _column(self, index: int) -> str:
         if index < len(self.names):
@@ -396,12 +392,13 @@ class _BlockParser:
     def _diagnose(self, line: bytes) -> str:
         """Say why one line does not parse as one row, naming the column."""
         fields, problem = split_line(_strip_ending(line), self.delimiter.encode(), self.quoting)
+        text = self._readable(_strip_ending(line).decode("utf-8", errors="replace"))
         if problem is not None:
             index, kind = problem
             if kind == "open quote":
                 return (
                     f"{self._column(index)}: a quoted value is not closed on its line "
-                    f"(a stray '\"'?): {snippet(_text(line))}"
+                    f"(a stray '\"'?): {snippet(text)}"
                 )
             return (
                 f"{self._column(index)}: carriage return (\\r) inside an unquoted value; "
@@ -409,40 +406,34 @@ class _BlockParser:
             )
         if len(fields) != len(self.names):
             return self._count_message(len(self.names), len(fields))
-        return f"{self._column(0)}: the line cannot be parsed as one row: {snippet(_text(line))}"
+        return f"{self._column(0)}: the line cannot be parsed as one row: {snippet(text)}"
 
 
-def _invalid_utf8(col: pa.ChunkedArray, name: str) -> dict[int, str]:
-    """Return ``{row: message}`` for the values of a binary column that are not UTF-8."""
+# Noncharacters: never in interchanged text, so one of them is free to stand for bad bytes.
+_MARKERS = tuple(chr(c) for c in (*range(0xFDD0, 0xFDF0), 0xFFFE, 0xFFFF, 0x10FFFE, 0x10FFFF))
+_ESCAPED = re.compile("[\udc80-\udcff]+")
+
+
+def _mark_invalid_utf8(data: bytes) -> tuple[bytes, str | None]:
+    """Replace each run of invalid UTF-8 bytes by a marker absent from ``data``.
+
+    Returns:
+        The data (unchanged when it is valid UTF-8) and the marker used, or None.
+    """
+    if data.isascii():
+        return data, None
     try:
-        col.cast(pa.string())
-        return {}
-    except pa.ArrowInvalid:
+        data.decode("utf-8")
+        return data, None
+    except UnicodeDecodeError:
         pass
-    out = {}
-    for r, value in enumerate(col.to_pylist()):
-        try:
-            value.decode("utf-8")
-        except UnicodeDecodeError as e:
-            out[r] = (
-                f'column "{name}": invalid UTF-8 (byte 0x{value[e.start]:02x} '
-                f"at byte {e.start} of the value)"
-            )
-    return out
-
-
-def _nul_bytes(col: pa.ChunkedArray, name: str) -> dict[int, str]:
-    """Return ``{row: message}`` for the values holding a NUL byte."""
-    hits = pc.fill_null(pc.match_substring(col, "\x00"), False).to_numpy(zero_copy_only=False)
-    out = {}
-    for r in np.flatnonzero(hits).tolist():
-        value = col[r].as_py()
-        at = value.find(b"\x00" if isinstance(value, bytes) else "\x00")
-        out[r] = (
-            f'column "{name}": NUL byte at byte {at} of the value '
-            "(text never holds NUL; the file may be damaged)"
-        )
-    return out
+    text = data.decode("utf-8", errors="surrogateescape")
+    for marker in _MARKERS:
+        if marker not in text:
+            return _ESCAPED.sub(marker, text).encode("utf-8"), marker
+    # Every marker is in the block (a made-up file): U+FFFD stands in, and a U+FFFD
+    # already in a read field then counts as invalid too.
+    return _ESCAPED.sub("\ufffd", text).encode("utf-8"), "\ufffd"
 
 
 def split_line(

@@ -129,7 +129,7 @@ def test_invalid_utf8_loses_only_its_row(tmp_path: Path, reader: str, path: str)
     assert b.keys("C1").tolist() == fc.hash_values(c1, ["a"] * 4).tolist()
     with pytest.raises(
         DataError,
-        match=rf'file ".*{path}", line 3: column "C1": invalid UTF-8 \(byte 0xff at byte 1 ',
+        match=rf'file ".*{path}", line 3: column "C1": value \'b\ufffd\' is not UTF-8\.$',
     ):
         list(make())
 
@@ -139,7 +139,7 @@ def test_nul_byte_in_a_read_field_is_a_bad_row(tmp_path: Path):
     r = td.read_csv(p, [U], on_bad_row="skip")
     b = read_all(r)
     assert b.keys("u").tolist() == keys("a", "d") and r.stats.bad_rows == 1
-    with pytest.raises(DataError, match=r'line 3: column "u": NUL byte at byte 1 of the value'):
+    with pytest.raises(DataError, match=r"line 3: column \"u\": value 'b\\x00c' holds a NUL byte"):
         list(td.read_csv(p, [U]))
 
 
