@@ -320,6 +320,8 @@ def _head_specs(model: Model) -> list[dict[str, str]]:
 def _check_rows(name: str, rows: Mapping[str, np.ndarray], min_show: float | None) -> None:
     """Check one table's rows given to :func:`export` (``tables=``)."""
     where = f"export: `tables[{name!r}]`"
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise ArgumentError(f"{where}: a table name must be a file name. Received: {name!r}.")
     need = ("keys", "weights", "show") if min_show is not None else ("keys", "weights")
     missing = [k for k in need if k not in rows]
     if missing:
@@ -647,7 +649,8 @@ def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str
 
     def legacy(d: dict[str, Any]) -> bool:
         # both must hold, so no single changed byte turns a version-2 manifest into one
-        return d.get("format_version") == LEGACY_VERSION and "checksum" not in d
+        version = d.get("format_version")
+        return type(version) is int and version == LEGACY_VERSION and "checksum" not in d
 
     manifest = read_versioned_json(fname, fmt, FORMAT_VERSION, what=what, legacy=legacy)
     if manifest.get("format") != fmt:
@@ -701,7 +704,7 @@ def check_keys(keys: np.ndarray, count: int | None, fname: str) -> None:
         )
     if count is not None and keys.shape[0] != count:
         raise CheckpointError(
-            f"Export file {fname} holds {keys.shape[0]} keys; the manifest says {count}."
+            f"Export file {fname} holds {keys.shape[0]} keys; {MANIFEST} says {count}."
         )
     for lo in range(0, max(keys.shape[0] - 1, 0), _CHUNK):
         block = np.asarray(keys[lo : lo + _CHUNK + 1])

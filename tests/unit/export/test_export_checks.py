@@ -251,7 +251,7 @@ DICTIONARIES = [
     ("keys-2d", KEYS, lambda e: _keys(e).reshape(2, -1),
      r"keys\.npy: keys must be int64\[n\]\. Received: int64\[2, 9\]"),
     ("keys-count", KEYS, lambda e: _keys(e)[:-1],
-     r"keys\.npy holds 17 keys; the manifest says 18"),
+     r"keys\.npy holds 17 keys; manifest\.json says 18"),
     ("weights-float64", WEIGHTS, lambda e: _weights(e).astype(np.float64),
      r"weights\.npy: weights must be float32\[18, 4\] .* Received: float64\[18, 4\]"),
     ("weights-dim", WEIGHTS, lambda e: _weights(e)[:, :3].copy(),
@@ -404,6 +404,10 @@ def test_export_argument_errors(tiny, tmp_path):
         ArgumentError, match=r"weights must be float32\[18, D\]\. Received: float64"
     ):
         export(tiny, out, tables={"emb": f64})
+    with pytest.raises(
+        ArgumentError, match=r"a table name must be a file name\. Received: '\.\./x'"
+    ):
+        export(tiny, out, tables={"../x": rows})
     assert os.listdir(tmp_path) == []
 
 
@@ -511,7 +515,7 @@ def test_delta_checks(checkpoints, delta):
     with pytest.raises(ChecksumError, match=r"delta export manifest .*manifest\.json is corrupt"):
         apply_delta(keys, weights, delta, "emb")
     write_doc(delta, doc)
-    with pytest.raises(CheckpointError, match=r"keys\.npy holds \d+ keys; the manifest says"):
+    with pytest.raises(CheckpointError, match=r"keys\.npy holds \d+ keys; manifest\.json says"):
         apply_delta(keys, weights, delta, "emb")
     doc["tables"]["emb"]["updated"] -= 1
     write_doc(delta, doc)
