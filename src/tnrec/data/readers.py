@@ -77,8 +77,10 @@ def read_parquet(
         seed: shuffle seed.
         shuffle_buffer_rows: the shuffle window (bounds memory).
         prefetch: batches read ahead by a background thread (0: read inline).
-        on_bad_row: ``"raise"`` a :class:`DataError` naming file and row, or
-            ``"skip"`` the row and count it in ``reader.stats.bad_rows``.
+        on_bad_row: ``"raise"`` a :class:`DataError` naming file, row and
+            column, or ``"skip"`` the row and count it in
+            ``reader.stats.bad_rows``. A file pyarrow cannot read (damaged
+            footer, page or column chunk) raises, naming it, in both modes.
         drop_last: drop the last, shorter batch of an epoch.
 
     Returns:
@@ -125,7 +127,10 @@ def read_csv(
 
     Every field is read as text and converted to its column's declared form
     (``"123"`` and ``"123.0"`` are the int 123). An empty field is missing.
-    Each line is one row; a line with the wrong number of fields is a bad row.
+    Each line is one row; a line with the wrong number of fields, an unclosed
+    quote, a lone ``\\r``, or invalid UTF-8 or NUL in a field read is a bad row
+    that costs only itself (see :mod:`tnrec.data.text`). A UTF-8 BOM is
+    skipped. With ``header=True`` a 0-byte file is a :class:`DataError`.
 
     Args:
         paths: files and glob patterns.
@@ -143,7 +148,9 @@ def read_csv(
         The reader.
 
     Raises:
-        DataError: a pattern matches no file or a file is missing.
+        DataError: a pattern matches no file or a file is missing (here); while
+            reading, a bad row (unless skipped), or a file that is empty with
+            ``header=True``, compressed, UTF-16 or has a header that is not UTF-8.
         ArgumentError, SpecError: an argument or column is invalid.
     """
     if not isinstance(delimiter, str) or len(delimiter) != 1:
@@ -198,7 +205,8 @@ def read_criteo(
     """Read the raw Criteo format: no header, 40 tab-separated fields, empty = missing.
 
     Fields are ``label, I1..I13, C1..C26`` (:data:`CRITEO_FIELDS`); lines are
-    not quoted. The Criteo test set has no label field; read it with
+    not quoted (a ``"`` is a plain character) and an empty file has no rows.
+    The Criteo test set has no label field; read it with
     ``read_csv(p, cols, delimiter="\\t", header=False, field_names=CRITEO_FIELDS[1:], label=None)``.
 
     Args:

@@ -24,7 +24,9 @@ skipped and counted with ``on_bad_row="skip"``):
   ``a"b``), and a quoted value may hold the delimiter (``"a,b"``);
 * a ``\\r`` not followed by ``\\n`` outside quotes;
 * invalid UTF-8 or a NUL byte in a field the reader reads. Fields it does not
-  read are not decoded, so their bytes do not matter.
+  read are not decoded, so their bytes do not matter. (Before parsing, each run
+  of invalid bytes becomes a noncharacter absent from the block, since pyarrow
+  hands a bad row's text to its handler as str; a read field holding it is bad.)
 
 **Files** (raise in both modes, naming the file; a daily pipeline wants to be
 told, not to train on a part of its data):
