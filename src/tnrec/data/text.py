@@ -259,7 +259,7 @@ class _BlockParser:
         got = None
         if not _has_lone_cr(data):
             # Without quotes and lone "\r", pyarrow's rows are the lines: no count needed.
-            lines = data.count(b"\n") if self.quoting and b'"' in data else None
+            lines = _count_newlines(data) if self.quoting and b'"' in data else None
             got = self._try(data, lines)
         if got is None:
             ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10) + 1  # [n]
@@ -422,13 +422,8 @@ def _mark_invalid_utf8(data: bytes) -> tuple[bytes, str | None]:
     Returns:
         The data (unchanged when it is valid UTF-8) and the marker used, or None.
     """
-    if data.isascii():
+    if data.isascii() or _is_utf8(data):
         return data, None
-    try:
-        data.decode("utf-8")
-        return data, None
-    except UnicodeDecodeError:
-        pass
     text = data.decode("utf-8", errors="surrogateescape")
     for marker in _MARKERS:
         if marker not in text:
@@ -490,6 +485,21 @@ def _strip_ending(line: bytes) -> bytes:
     return line[:-1] if line.endswith(b"\r") else line
 
 
+def _is_utf8(data: bytes) -> bool:
+    """Whether ``data`` is valid UTF-8 (Arrow's validator: several times faster than decode)."""
+    offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64))
+    text = pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(data)])
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _count_newlines(data: bytes) -> int:
+    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == 10))
+
+
 def _has_lone_cr(data: bytes) -> bool:
     """Whether ``data`` holds a ``\\r`` not followed by ``\\n``."""
     if b"\r" not in data:
@@ -548,19 +558,21 @@ def _skip_lines(f: io.BufferedReader, lo: int, hi: int, n: int) -> int:
 
 def _blocks(f: io.BufferedReader, pos: int, hi: int, size: int) -> Iterator[bytes]:
     """Yield bytes ``[pos, hi)`` in blocks of about ``size`` that end at a line end."""
-    f.seek(pos)
-    carry: list[bytes] = []
     while pos < hi:
+        f.seek(pos)
         data = f.read(min(size, hi - pos))
         if not data:
-            break
-        pos += len(data)
-        cut = len(data) if pos >= hi else data.rfind(b"\n") + 1
-        if cut == 0:
-            carry.append(data)  # a line longer than the block: keep reading
-            continue
-        yield b"".join([*carry, data[:cut]]) if carry else data[:cut]
-        carry = [data[cut:]] if cut < len(data) else []
-    tail = b"".join(carry)
-    if tail:
-        yield tail
+            return
+        cut = len(data) if pos + len(data) >= hi else data.rfind(b"\n") + 1
+        if cut == 0:  # a line longer than the block: read on to its end
+            parts = [data]
+            while True:
+                more = f.read(min(size, hi - pos - sum(len(p) for p in parts)))
+                end = more.find(b"\n") + 1
+                if not more or end:
+                    parts.append(more[:end] if end else more)
+                    break
+                parts.append(more)
+            data, cut = b"".join(parts), sum(len(p) for p in parts)
+        yield data if cut == len(data) else data[:cut]
+        pos += cut
