@@ -277,9 +277,10 @@ class TrainingLoops:
                 :meth:`test_step` returns.
 
         Raises:
-            DataError: ``data`` holds no rows (on any worker, within ``steps``),
-                or its rows' sample weights are all 0: there is nothing to
-                evaluate. Also a label outside its head's range or a bad sample
+            EmptyInputError: ``data`` holds no rows (on any worker, within
+                ``steps``), or its rows' sample weights are all 0: there is
+                nothing to evaluate.
+            DataError: a label outside its head's range or a bad sample
                 weight (see :meth:`test_step`).
             ArgumentError: ``exact_auc`` with a :meth:`test_step` that returns
                 no ``"predictions"``.

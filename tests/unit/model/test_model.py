@@ -9,7 +9,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 import tnrec as tn
 from tnrec.callbacks import Callback, ProgressBar
-from tnrec.errors import ArgumentError, DataError, NonFiniteError
+from tnrec.errors import ArgumentError, DataError, EmptyInputError, NonFiniteError
 from tnrec.table import SGD, AdaGrad, zeros
 
 fc = tn.feature_column
@@ -142,7 +142,7 @@ def test_empty_batch_is_a_no_op(make_batch, batches):
     assert len(m.tables["emb"]) == 0
     for k, v in m.state_dict().items():
         torch.testing.assert_close(v, before[k])
-    with pytest.raises(DataError, match=r"Small.evaluate: the input holds no rows; there is"):
+    with pytest.raises(EmptyInputError, match=r"Small.evaluate: the input holds no rows; there"):
         m.evaluate([empty], verbose=0)
     assert m.predict([empty])["prediction"].shape == (0,)
     h = m.fit([empty, *batches(2, 8)], verbose=0)
@@ -418,9 +418,9 @@ def test_a_nan_input_names_the_loss_the_tables_and_the_dense_parameters(batches)
 def test_evaluate_raises_when_every_row_has_weight_zero(batches):
     m = compiled()
     b = _with(batches(1, 4)[0], weights=[0, 0, 0, 0])
-    with pytest.raises(DataError, match=r"all 4 rows of the input have sample weight 0; there"):
+    with pytest.raises(EmptyInputError, match=r"all 4 rows of the input have sample weight 0;"):
         m.evaluate([b], verbose=0)
-    with pytest.raises(DataError, match=r"the input holds no rows"):
+    with pytest.raises(EmptyInputError, match=r"the input holds no rows"):
         m.evaluate(batches(2, 4), steps=0, verbose=0)
 
 
