@@ -60,7 +60,7 @@ def kill_point(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fault_point(path: str) -> None:
+def fault_point(path: str) -> None:
     """Raise ``OSError`` when ``TNREC_FAIL_WRITE`` is a substring of ``path`` (fault tests
     only; nothing happens without it). The errno is ``TNREC_FAIL_ERRNO`` (a name such as
     ``EROFS``; default ``ENOSPC``, disk full)."""
@@ -91,7 +91,7 @@ def write_file(path: str, write: Callable[[IO[bytes]], Any]) -> None:
         WriteError: the file cannot be written (names it and why).
     """
     try:
-        _fault_point(path)
+        fault_point(path)
         with open(path, "wb") as f:
             write(f)
             f.flush()
@@ -138,7 +138,7 @@ def publish(tmp: str, final: str) -> None:
         WriteError: the rename fails.
     """
     try:
-        _fault_point(final)
+        fault_point(final)
         os.replace(tmp, final) if os.path.isfile(tmp) else os.rename(tmp, final)
         fsync_dir(os.path.dirname(final) or ".")
     except OSError as e:
@@ -165,7 +165,7 @@ def check_file(full: str, digest: str, kind: str, manifest: str) -> str:
         ChecksumError: its content does not match ``manifest``.
     """
     if not os.path.isfile(full):
-        raise CheckpointError(f"{kind} file {full} is missing.")
+        raise CheckpointError(f"{kind} file {full} is missing (it is listed in {manifest}).")
     try:
         actual = sha256_file(full)
     except OSError as e:

@@ -175,7 +175,16 @@ def generations(model_dir: str) -> list[tuple[str, int]]:
     """
     pointer = read_pointer(model_dir)
     last = pointer.generation if pointer is not None else 0
-    return [(dt, g) for dt, g, ok in _scan(model_dir) if ok and g <= last]
+    found = _scan(model_dir)
+    for dt, g, ok in found:
+        if not ok and g <= last:
+            where = os.path.join(model_dir, dt, str(g), MANIFEST)
+            raise CheckpointError(
+                f"{where} is missing: generation {g} is older than the published one, so it "
+                "was complete once and has been damaged since. Restore the file, or delete "
+                f"{os.path.dirname(where)} if that generation is not needed."
+            )
+    return [(dt, g) for dt, g, ok in found if ok and g <= last]
 
 
 def latest(model_dir: str, dt: str | None = None) -> str | None:
@@ -415,7 +424,7 @@ def _next_generation(ps: Any, model_dir: str) -> int:
             day = os.path.join(model_dir, dt)
             if not dt.startswith((".", "_")) and os.path.isdir(day):
                 for entry in os.listdir(day):
-                    if _TMP.match(entry):
+                    if _TMP.match(entry) or entry.startswith(".pruned-"):
                         shutil.rmtree(os.path.join(day, entry), ignore_errors=True)
     return int(ps.all_reduce_sum(gen_vec)[0])
 
@@ -463,9 +472,13 @@ def _publish_generation(
     _fileio.publish(tmp, final)
     kill_point("after-rename")
     pointer_tmp = os.path.join(model_dir, f".{POINTER}.tmp")
-    _fileio.write_bytes(pointer_tmp, _fileio.dumps_checked(_pointer_doc(dt, generation)))
-    kill_point("before-publish")
-    _fileio.publish(pointer_tmp, os.path.join(model_dir, POINTER))
+    try:
+        _fileio.write_bytes(pointer_tmp, _fileio.dumps_checked(_pointer_doc(dt, generation)))
+        kill_point("before-publish")
+        _fileio.publish(pointer_tmp, os.path.join(model_dir, POINTER))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(pointer_tmp)
     kill_point("after-publish")
     if keep is not None:
         _prune(model_dir, keep, generation)
@@ -512,7 +525,11 @@ def _prune(model_dir: str, keep: int, published: int) -> None:
     gens = [(dt, g) for dt, g, ok in _scan(model_dir) if ok and g <= published]
     for dt, g in gens[: max(len(gens) - keep, 0)]:
         if g != published:
-            shutil.rmtree(os.path.join(model_dir, dt, str(g)), ignore_errors=True)
+            # renamed aside first: a kill during rmtree leaves a hidden directory, never a
+            # numbered one without its manifest (which would read as damage)
+            aside = os.path.join(model_dir, dt, f".pruned-{g}")
+            os.rename(os.path.join(model_dir, dt, str(g)), aside)
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- load

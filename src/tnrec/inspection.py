@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tnrec import checkpoint
+from tnrec._fileio import check_file
 from tnrec.errors import ArgumentError, CheckpointError, TableKeyError
 from tnrec.models.artifacts import MODEL_FILE, read_model_json
 
@@ -132,6 +133,8 @@ def inspect_summary(path: str) -> dict[str, Any]:
     if os.path.isfile(os.path.join(root, MODEL_FILE)):
         doc = read_model_json(root)
         out["model"] = {"name": doc["model"], "params": doc["params"]}
+    else:
+        out["model"] = {"name": None, "params": {}, "missing": os.path.join(root, MODEL_FILE)}
     if ckpt is not None:
         m = checkpoint.verify(ckpt)  # a damaged checkpoint is an error, not a summary
         out["checkpoint"] = {
@@ -167,7 +170,10 @@ def inspect_row(path: str, table: str, key: str) -> dict[str, Any]:
         raise ArgumentError(
             f'--table: no table "{table}" in {ckpt}; tables: {sorted(m["tables"])}.'
         )
-    for part in _part_dirs(ckpt, m["tables"][table]):
+    for saved in m["tables"][table]["parts"]:
+        part = os.path.join(ckpt, saved["dir"])
+        header = os.path.join(part, table_files.HEADER)
+        check_file(header, saved["header_sha256"], "Checkpoint", checkpoint.MANIFEST)
         table_files.verify(part)
         hits = np.flatnonzero(_load_npy(part, "keys") == k)
         if hits.shape[0] == 0:
@@ -223,7 +229,12 @@ def _policy_text(p: dict[str, Any]) -> str:
 def format_summary(s: dict[str, Any]) -> str:
     """The plain-text form of :func:`inspect_summary`."""
     lines = [f"model dir   {s['model_dir']}"]
-    if s["model"]:
+    if s["model"] and s["model"].get("missing"):
+        lines.append(
+            f"model       (no {s['model']['missing']}: `tnrec evaluate/predict/export` cannot "
+            "rebuild this model; the checkpoints load with model.load_weights)"
+        )
+    elif s["model"]:
         params = ", ".join(f"{k}={v}" for k, v in s["model"]["params"].items())
         lines.append(f"model       {s['model']['name']} ({params})")
     lines.append(f"published   {s['published'] or '(none)'}")

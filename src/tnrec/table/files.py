@@ -195,6 +195,7 @@ def _publish(tmp: str, path: str) -> None:
 
 
 def _swap_into_place(tmp: str, path: str) -> None:
+    _fileio.fault_point(path)
     parent = os.path.dirname(path)
     if not os.path.exists(path):
         os.rename(tmp, path)
