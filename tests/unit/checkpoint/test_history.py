@@ -226,3 +226,11 @@ def test_cli_checkpoint_publish_restores_the_pointer(three_generations, capsys):
     assert main(["checkpoint", "publish", str(model_dir / "d1")]) == 2
     assert "is not a checkpoint generation directory" in capsys.readouterr().err
     assert checkpoint.read_pointer(str(model_dir)).generation == 3  # unchanged by the refusals
+
+
+def test_a_published_generation_that_lost_its_manifest_is_an_error(three_generations):
+    model, model_dir, _ = three_generations
+    (model_dir / "d1" / "1" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"d1/1/manifest\.json is missing: generation 1"):
+        model.load_weights(str(model_dir), "d1")
+    assert model.load_weights(str(model_dir)).generation == 3  # the published one still loads
