@@ -47,6 +47,7 @@ import torch
 import tnrec as tn
 from tnrec.data import synthetic as S
 from tnrec.feature_column import bucketize, category_column, log1p, numeric_column
+from tnrec.metrics import exact_auc
 from tnrec.models import build
 from tnrec.optimizer import Adam, Ftrl
 
@@ -153,14 +154,14 @@ def oracle_aucs(
     full = num_te + sum(wt for _, _, wt, _ in te.values())
     crosses = [k for k in te if k[0] == "cross"]
     res = {
-        "crosses as their additive part (true weights)": S.roc_auc(
+        "crosses as their additive part (true weights)": exact_auc(
             y_te, full - sum(te[k][2] for k in crosses) + sum(additive[k] for k in crosses)
         )
     }
     for tag, keep in (("no crosses", lambda k: k[0] == "id"), ("with crosses", lambda k: True)):
-        res[f"oracle seen, {tag}"] = S.roc_auc(y_te, num_te + sum(seen_w[k] for k in te if keep(k)))
-        res[f"Bayes oracle, {tag}"] = S.roc_auc(y_te, num_te + sum(map_w[k] for k in te if keep(k)))
-    res["Bayes oracle, one prior per column"] = S.roc_auc(y_te, num_te + sum(flat_w.values()))
+        res[f"oracle seen, {tag}"] = exact_auc(y_te, num_te + sum(seen_w[k] for k in te if keep(k)))
+        res[f"Bayes oracle, {tag}"] = exact_auc(y_te, num_te + sum(map_w[k] for k in te if keep(k)))
+    res["Bayes oracle, one prior per column"] = exact_auc(y_te, num_te + sum(flat_w.values()))
     return res
 
 

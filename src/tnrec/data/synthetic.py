@@ -109,6 +109,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tnrec.errors import ArgumentError
+from tnrec.metrics import exact_auc
 
 __all__ = [
     "CATEGORICAL_COLUMNS",
@@ -120,7 +121,6 @@ __all__ = [
     "SyntheticConfig",
     "V1_MODEL",
     "generate",
-    "roc_auc",
 ]
 
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(f"I{j}" for j in range(1, 14))
@@ -359,8 +359,7 @@ def generate(
         ctr_by_day[name] = float(labels.mean())
         if is_test:
             test_files = files
-            if 0 < labels.sum() < labels.shape[0]:  # else AUC is undefined: keep NaN
-                optimal_auc = roc_auc(labels, p_true)
+            optimal_auc = exact_auc(labels, p_true)  # NaN if the split has a single class
         else:
             train_files[name] = files
         del sample, table
@@ -377,53 +376,6 @@ def generate(
     )
     _write_meta(result)
     return result
-
-
-def roc_auc(labels: npt.ArrayLike, scores: npt.ArrayLike) -> float:
-    """Return the exact ROC AUC of ``scores`` for binary ``labels``.
-
-    Uses the Mann-Whitney rank sum with average ranks for tied scores, so a tie
-    between a positive and a negative counts one half (as scikit-learn does).
-
-    Args:
-        labels: ``[n]`` values in {0, 1} (bool or numeric).
-        scores: ``[n]`` finite scores; higher means more likely positive.
-
-    Returns:
-        The AUC in [0, 1].
-
-    Raises:
-        ArgumentError: Shapes differ, labels are not 0/1, scores are not finite,
-            or only one class is present.
-    """
-    y = np.asarray(labels).ravel()
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    if y.shape != s.shape:
-        raise ArgumentError(
-            f"roc_auc: `labels` and `scores` must have the same length. "
-            f"Received: {y.shape[0]} labels and {s.shape[0]} scores."
-        )
-    if not np.all((y == 0) | (y == 1)):
-        raise ArgumentError("roc_auc: `labels` must be 0 or 1. Received other values.")
-    if not np.all(np.isfinite(s)):
-        raise ArgumentError("roc_auc: `scores` must be finite. Received NaN or inf.")
-    pos = y == 1
-    n_pos = int(pos.sum())
-    n_neg = y.shape[0] - n_pos
-    if n_pos == 0 or n_neg == 0:
-        raise ArgumentError(
-            f"roc_auc: needs both classes. Received: {n_pos} positives, {n_neg} negatives."
-        )
-    order = np.argsort(s, kind="stable")
-    sorted_s = s[order]  # [n]
-    # Average rank (1-based) of each group of tied scores.
-    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])  # [G]
-    ends = np.r_[starts[1:], sorted_s.shape[0]]  # [G]
-    group_rank = (starts + 1 + ends) / 2.0  # [G]
-    ranks = np.empty_like(s)
-    ranks[order] = np.repeat(group_rank, ends - starts)  # [n]
-    rank_sum = float(ranks[pos].sum())
-    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
 # --------------------------------------------------------------------------- config checks

@@ -19,9 +19,9 @@ from tnrec.data.synthetic import (
     SyntheticConfig,
     _DaySampler,
     generate,
-    roc_auc,
 )
 from tnrec.errors import ArgumentError
+from tnrec.metrics import exact_auc
 
 SMALL = SyntheticConfig(rows_per_day=20_000, num_days=2, test_rows=10_000, seed=7)
 
@@ -149,7 +149,7 @@ def test_no_churn_below_min_cardinality(tmp_path: Path) -> None:
 
 def test_optimal_auc_is_auc_of_p_true(small: GeneratedData) -> None:
     test = _read_day(small.test_files)
-    auc = roc_auc(test["label"].to_numpy(), test["p_true"].to_numpy())
+    auc = exact_auc(test["label"].to_numpy(), test["p_true"].to_numpy())
     assert auc == small.optimal_auc
     assert 0.65 < small.optimal_auc < 0.95
 
@@ -224,34 +224,6 @@ def test_version_1_model_reproduces_the_old_data(tmp_path: Path) -> None:
     expected = [0.07990255961817944, 0.041243186039969515, 0.2889603175998414]
     np.testing.assert_allclose(p[:3], expected, rtol=1e-9)
     assert json.loads((tmp_path / "_synthetic.json").read_text())["version"] == 2
-
-
-def test_roc_auc_matches_sklearn_with_ties() -> None:
-    sklearn_metrics = pytest.importorskip("sklearn.metrics")
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 2, size=5_000)
-    s = np.round(rng.random(5_000) + 0.3 * y, 1)  # few distinct values: many ties
-    assert roc_auc(y, s) == pytest.approx(sklearn_metrics.roc_auc_score(y, s), abs=1e-12)
-
-
-def test_roc_auc_small_exact() -> None:
-    # pairs (pos, neg): (0.8, 0.1) win, (0.8, 0.8) tie, (0.4, 0.1) win, (0.4, 0.8) loss
-    assert roc_auc([1, 0, 1, 0], [0.8, 0.1, 0.4, 0.8]) == pytest.approx(2.5 / 4)
-
-
-@pytest.mark.parametrize(
-    ("labels", "scores", "match"),
-    [
-        ([0, 1], [0.1], "same length"),
-        ([0, 2], [0.1, 0.2], "must be 0 or 1"),
-        ([0, 1], [0.1, float("nan")], "must be finite"),
-        ([1, 1], [0.1, 0.2], "needs both classes"),
-    ],
-    ids=["length", "labels", "nan", "one-class"],
-)
-def test_roc_auc_errors(labels: list, scores: list, match: str) -> None:
-    with pytest.raises(ArgumentError, match=match):
-        roc_auc(labels, scores)
 
 
 @pytest.mark.parametrize(
