@@ -1,8 +1,9 @@
 """W workers train the same model as 1 worker; uneven data; failures do not hang."""
 
-import mp_scenarios
 import numpy as np
 import pytest
+
+from tests.multiprocess import mp_scenarios
 
 
 def load(out_dir, scenario, world):

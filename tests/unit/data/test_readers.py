@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from criteo_rows import make_rows, write_csv, write_parquet, write_tsv
 
 import tnrec.data as td
 import tnrec.feature_column as fc
+from tests.unit.data.criteo_rows import make_rows, write_csv, write_parquet, write_tsv
 from tnrec.errors import ArgumentError, DataError, SpecError
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from criteo_rows import make_rows, take_rows, write_csv, write_parquet, write_tsv
 
 import tnrec.data as td
+from tests.unit.data.criteo_rows import make_rows, take_rows, write_csv, write_parquet, write_tsv
 from tnrec.errors import ArgumentError
 
 N = 53

@@ -1,24 +1,8 @@
-"""Shared export fixtures: a trained one-head model and its export, built once per module."""
+"""Export fixtures; ``tiny`` and ``tiny_export`` (shared with serving/) are in ../conftest.py."""
 
-import os
 import shutil
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
-
-import export_common  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return export_common.train_tiny()
-
-
-@pytest.fixture(scope="module")
-def tiny_export(tiny, tmp_path_factory):
-    return tiny.export(str(tmp_path_factory.mktemp("tiny") / "exp"), dt="d1")
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from export_common import Custom, batches, raw_rows, schema, train_custom
 
 import tnrec as tn
+from tests.unit.export.export_common import Custom, batches, raw_rows, schema, train_custom
 from tnrec.errors import ArgumentError, ChecksumError, DataError
 from tnrec.export import apply_delta, export_delta, load_dictionary
 from tnrec.serving import Predictor

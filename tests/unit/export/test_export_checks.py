@@ -8,7 +8,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from export_common import (
+
+import tnrec as tn
+from tests.unit.export.export_common import (
     Tiny,
     read_doc,
     replace_npy,
@@ -17,8 +19,6 @@ from export_common import (
     to_legacy,
     write_doc,
 )
-
-import tnrec as tn
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,

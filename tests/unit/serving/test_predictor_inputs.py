@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
-from export_common import tiny_batches, tiny_rows
 
+from tests.unit.export.export_common import tiny_batches, tiny_rows
 from tnrec.errors import ArgumentError, CheckpointError, DataError
 from tnrec.serving import Predictor
 

@@ -1,7 +1,6 @@
 """Small hashed batches built in memory for the layer and model tests."""
 
 import numpy as np
-import pytest
 
 from tnrec.data.batch import Batch, Jagged
 
@@ -74,13 +73,3 @@ def synthetic_batches(n_batches, batch_size, seed=0, weights=False):
             )
         )
     return out
-
-
-@pytest.fixture
-def batches():
-    return synthetic_batches
-
-
-@pytest.fixture
-def make_batch():
-    return batch_of
