@@ -23,7 +23,10 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -203,11 +206,57 @@ def test_a_failed_export_names_the_path_and_leaves_nothing(
 
 # ---------------------------------------------------------------- a real read-only directory
 
+# Root writes into a read-only directory anyway (CAP_DAC_OVERRIDE), so as root these tests
+# run their body again in a child pytest whose capabilities are dropped; the child (marked by
+# this variable) runs the body itself, and the probe in ``read_only`` checks the drop worked.
+CAPS_DROPPED = "TNREC_CAPS_DROPPED"
+DROPPED_CAPS = ["dac_override", "dac_read_search", "fowner"]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _without_caps(argv: list[str]) -> list[str]:
+    """``argv`` run with ``DROPPED_CAPS`` gone from the bounding and inheritable sets."""
+    setpriv, capsh = shutil.which("setpriv"), shutil.which("capsh")
+    if setpriv:
+        drop = ",".join(f"-{c}" for c in DROPPED_CAPS)
+        return [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}", "--", *argv]
+    if capsh:
+        drop = ",".join(f"cap_{c}" for c in DROPPED_CAPS)
+        return [capsh, "--inh=", f"--drop={drop}", "--", "-c", 'exec "$0" "$@"', *argv]
+    pytest.fail(
+        "running as root, which writes into read-only directories: this test needs "
+        "setpriv (util-linux) or capsh (libcap2-bin) to run itself without "
+        f"{', '.join(DROPPED_CAPS)}; neither is on PATH"
+    )
+
+
+def _ran_without_caps(request: pytest.FixtureRequest, tmp_path: Any) -> bool:
+    """As root (and not already the child): run this test in a pytest child without the
+    capabilities that override file permissions, assert it passed, and return True (the
+    caller then returns). Otherwise return False: the caller runs the body here."""
+    if os.geteuid() != 0 or os.environ.get(CAPS_DROPPED) == "1":
+        return False
+    src = os.path.join(REPO, "src")
+    env = dict(os.environ, **{CAPS_DROPPED: "1"})
+    env["NUMBA_CACHE_DIR"] = os.environ.get("NUMBA_CACHE_DIR", os.path.join(REPO, ".numba_cache"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH", "")] if p)
+    env.pop("TNREC_FAIL_WRITE", None)
+    node = os.path.relpath(str(request.path), REPO) + "::" + request.node.name
+    argv = [sys.executable, "-m", "pytest", node, "-q", "-rA", "-p", "no:cacheprovider"]
+    argv += ["-o", "addopts=", f"--basetemp={tmp_path / 'unprivileged'}"]
+    run = subprocess.run(
+        _without_caps(argv), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    out = f"$ {' '.join(run.args)}\n{run.stdout}{run.stderr}"
+    assert run.returncode == 0, f"the child without capabilities failed:\n{out}"
+    assert re.search(r"\b1 passed\b", run.stdout) and "skipped" not in run.stdout, out
+    return True
+
 
 @pytest.fixture
 def read_only(tmp_path):
-    """Make directories read-only (restored afterwards, so tmp_path can be removed); skip
-    where that does not stop writes (root, with its permission override)."""
+    """Make directories read-only (restored afterwards, so tmp_path can be removed), and
+    check that a write into one is refused, so that the test really meets EACCES."""
     made: list[str] = []
 
     def chmod(path: str) -> None:
@@ -219,14 +268,20 @@ def read_only(tmp_path):
         except PermissionError:
             return
         os.remove(probe)
-        pytest.skip("this user writes into read-only directories (root); the hook covers it")
+        pytest.fail(
+            f"wrote into the read-only {path} (euid {os.geteuid()}, {CAPS_DROPPED}="
+            f"{os.environ.get(CAPS_DROPPED)}): the capabilities were not dropped"
+        )
 
     yield chmod
     for path in made:
         os.chmod(path, stat.S_IRWXU)
 
 
-def test_a_save_into_a_read_only_model_dir_names_it(trained, tmp_path, read_only):
+def test_a_save_into_a_read_only_model_dir_names_it(request, tmp_path, read_only):
+    if _ran_without_caps(request, tmp_path):
+        return
+    trained = request.getfixturevalue("trained")
     model_dir = str(tmp_path / "m")
     trained.save_weights(model_dir, "d1")
     want = _loaded(model_dir)
@@ -241,7 +296,10 @@ def test_a_save_into_a_read_only_model_dir_names_it(trained, tmp_path, read_only
     assert _leftovers(model_dir) == []
 
 
-def test_an_export_into_a_read_only_dir_names_it(trained, tmp_path, read_only):
+def test_an_export_into_a_read_only_dir_names_it(request, tmp_path, read_only):
+    if _ran_without_caps(request, tmp_path):
+        return
+    trained = request.getfixturevalue("trained")
     read_only(str(tmp_path))
     target = str(tmp_path / "exp")
     with pytest.raises(
