@@ -1,0 +1,153 @@
+"""One run of ``bench/compare.py``: one model, one implementation, one repeat, in this process.
+
+:func:`run_one` trains for one pass, times every step after the warm-up,
+scores the held-out split and reads the process's RSS; with ``--split`` it
+also times tnrec's step part by part and against the dense-only step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compare_data import B, deepfm_batches, micro_batches
+from compare_impls import DenseImpl, FixedTables, PlainImpl, TnrecImpl, TorchrecImpl
+
+
+def _rss_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def collision_rate(fixed: FixedTables, batches: list) -> float:
+    """Share of distinct keys that share their fixed-table row with another distinct key."""
+    shared = total = 0
+    for c, name in enumerate(fixed.cols):
+        keys = np.unique(np.concatenate([b.sparse[name].keys for b in batches]))
+        rows = keys.view(np.uint64) % np.uint64(fixed.rows[c])
+        _, inv, counts = np.unique(rows, return_inverse=True, return_counts=True)
+        shared += int((counts[inv] > 1).sum())
+        total += keys.shape[0]
+    return shared / max(total, 1)
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """Train one implementation for one pass in this process; return its figures."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    # Repeat r seeds torch with r in every implementation: a run is reproducible,
+    # and within a repeat the dense layers (built first, in the same order) start equal.
+    torch.manual_seed(args.seed)
+    from tnrec.metrics import exact_auc
+
+    if args.model == "deepfm":
+        train, test = deepfm_batches(Path(args.data))
+    else:
+        train, test, base_keys = micro_batches(args.model, args.steps, args.test_steps)
+    rss_data = _rss_mib("VmRSS")
+    res: dict[str, Any] = {"model": args.model, "impl": args.impl}
+    if args.impl == "tnrec":
+        impl: Any = TnrecImpl(args.model)
+        if args.model != "deepfm":
+            # TorchRec and plain start with every row allocated; tnrec starts with
+            # the base ids' rows (zipf: the 5% never-seen ids are created in the step).
+            t0 = time.perf_counter()
+            impl.prefill(base_keys)
+            res["prefill_s"] = time.perf_counter() - t0
+    elif args.impl == "torchrec":
+        impl = TorchrecImpl(args.model, train[0])
+        res["collision_rate"] = collision_rate(impl.fixed, train + test)
+    elif args.impl == "plain":
+        impl = PlainImpl(args.model, train[0])
+        res["collision_rate"] = collision_rate(impl.fixed, train + test)
+    else:
+        impl = DenseImpl(args.model, train[0])
+    times = []
+    for b in train:
+        if args.impl in ("torchrec", "plain"):
+            impl.inputs(b)  # index hashing outside the timed step (tnrec's keys come hashed)
+        t0 = time.perf_counter()
+        impl.train_step(b)
+        times.append(time.perf_counter() - t0)
+        if args.impl in ("torchrec", "plain"):
+            impl.forget(b)
+    timed = times[args.warmup :]
+    res["samples_per_s"] = B * len(timed) / sum(timed)
+    res["step_ms_median"] = 1e3 * float(np.median(timed))
+    if args.impl != "dense":
+        y = np.concatenate([b.labels[:, 0] for b in test])
+        p = np.concatenate([impl.predict(b) for b in test])
+        res["auc"] = exact_auc(y, p)
+    res["rss_after_data_mib"] = rss_data
+    res["peak_rss_mib"] = _rss_mib("VmHWM")  # before the split's second model
+    if args.impl == "tnrec" and args.split:
+        res["split_ms"] = tnrec_split(impl.model, train[-args.split_steps :])
+        fresh = TnrecImpl(args.model)  # a first pass again: new keys get their rows created
+        if args.model != "deepfm":
+            fresh.prefill(base_keys)
+        res["alternating_ms"] = alternating(fresh, DenseImpl(args.model, train[0]), train)
+    return res
+
+
+def alternating(impl: Any, dense: Any, batches: list) -> dict[str, float]:
+    """Median ms of tnrec's step and the dense-only step, run alternately in one process.
+
+    Two processes run back to back still see different load on a shared
+    machine (their ratio swung 0.73-1.47 between repeats); steps alternating in
+    one process see the same, so their ratio is the steadier overhead figure.
+    """
+    times: dict[str, list[float]] = {"tnrec": [], "dense": []}
+    for i, b in enumerate(batches):
+        order = [("tnrec", impl), ("dense", dense)]
+        for name, runner in order if i % 2 else order[::-1]:
+            t0 = time.perf_counter()
+            runner.train_step(b)
+            times[name].append(time.perf_counter() - t0)
+    out = {k: 1e3 * float(np.median(v[1:])) for k, v in times.items()}
+    out["ratio"] = out["tnrec"] / out["dense"]
+    return out
+
+
+def tnrec_split(model: Any, batches: list) -> dict[str, float]:
+    """Median ms per part of a tnrec step (the same calls as ``Model.train_step``)."""
+    import torch
+
+    from tnrec.ps import unique_inverse
+
+    parts: dict[str, list[float]] = {
+        k: [] for k in ("dedup", "pull", "forward", "backward", "push", "dense_opt", "step")
+    }
+    opt = model.optimizer
+    for b in batches:
+        keys = np.concatenate([j.keys for j in b.sparse.values()])
+        t0 = time.perf_counter()
+        unique_inverse(keys)
+        t1 = time.perf_counter()
+        model.pull(b)
+        t2 = time.perf_counter()
+        loss, _ = model.compute_loss(b, model(b), norm=float(b.size))
+        t3 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t4 = time.perf_counter()
+        model.push()
+        t5 = time.perf_counter()
+        opt.step()
+        t6 = time.perf_counter()
+        torch.set_num_threads(torch.get_num_threads())
+        parts["dedup"].append(t1 - t0)
+        parts["pull"].append(t2 - t1)
+        parts["forward"].append(t3 - t2)
+        parts["backward"].append(t4 - t3)
+        parts["push"].append(t5 - t4)
+        parts["dense_opt"].append(t6 - t5)
+        parts["step"].append(t6 - t1)
+    return {k: 1e3 * float(np.median(v)) for k, v in parts.items()}
