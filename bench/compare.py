@@ -75,7 +75,7 @@ def _child(model: str, impl: str, a: argparse.Namespace, data: str, seed: int) -
         "--seed", str(seed),
     ]  # fmt: skip
     if impl == "tnrec" and (a.split or a.split_only):
-        cmd += ["--split"]
+        cmd += ["--split", "--split-steps", str(a.split_steps)]
     env = dict(
         os.environ,
         NUMBA_NUM_THREADS=str(a.threads),
