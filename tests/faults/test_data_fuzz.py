@@ -97,12 +97,15 @@ CRITEO = Fmt("criteo", "\t", False, False, td.CRITEO_FIELDS, n="I1", m="I2", u="
 # --------------------------------------------------------------------------- oracle
 
 
-def ref_split(body: bytes, delimiter: int, quoting: bool) -> list[bytes] | None:
-    """Split a line as pyarrow does, char by char; None for an open quote or lone \\r."""
-    fields: list[bytes] = []
+def ref_split(body: bytes, delimiter: int, quoting: bool) -> list[tuple[bytes, bytes]] | None:
+    """Split a line as pyarrow does, char by char, into (value, bytes in the line) pairs.
+
+    None for an open quote or a lone \\r outside quotes.
+    """
+    fields: list[tuple[bytes, bytes]] = []
     cur = bytearray()
     state = "start"
-    i = 0
+    start = i = 0
     while i < len(body):
         c = body[i]
         if state == "start":
@@ -119,9 +122,10 @@ def ref_split(body: bytes, delimiter: int, quoting: bool) -> list[bytes] | None:
             else:
                 cur.append(c)
         elif c == delimiter:
-            fields.append(bytes(cur))
+            fields.append((bytes(cur), body[start:i]))
             cur = bytearray()
             state = "start"
+            start = i + 1
         elif c == 13:
             return None
         else:
@@ -129,7 +133,7 @@ def ref_split(body: bytes, delimiter: int, quoting: bool) -> list[bytes] | None:
         i += 1
     if state == "quoted":
         return None
-    fields.append(bytes(cur))
+    fields.append((bytes(cur), body[start:]))
     return fields
 
 
@@ -173,20 +177,21 @@ def expect_row(label: object, n: object, m: object, u: object, s: object) -> tup
 def expect_line(line: bytes, fmt: Fmt) -> tuple | None:
     body = line[:-1] if line.endswith(b"\r") else line
     if body == b"":
-        fields: list[bytes] | None = [b""] * len(fmt.names)  # a blank line: all missing
+        fields = [(b"", b"")] * len(fmt.names)  # a blank line: all missing
     else:
-        fields = ref_split(body, ord(fmt.delimiter), fmt.quoting)
+        fields = ref_split(body, ord(fmt.delimiter), fmt.quoting)  # type: ignore[assignment]
     if fields is None or len(fields) != len(fmt.names):
         return None
     text = {}
     for key in (fmt.label, fmt.n, fmt.m, fmt.u, fmt.s):
-        raw = fields[fmt.names.index(key)]
-        if b"\x00" in raw:
+        value, raw = fields[fmt.names.index(key)]
+        if b"\x00" in value:
             return None
         try:
-            text[key] = raw.decode("utf-8")
+            raw.decode("utf-8")  # the field's bytes as in the file, quotes included
         except UnicodeDecodeError:
             return None
+        text[key] = value.decode("utf-8")
     s = text[fmt.s]
     return expect_row(
         ref_float(text[fmt.label]),

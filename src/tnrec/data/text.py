@@ -23,8 +23,9 @@ skipped and counted with ``on_bad_row="skip"``):
   inside an unquoted value is a plain character (pyarrow's rule: ``a"b`` is
   ``a"b``), and a quoted value may hold the delimiter (``"a,b"``);
 * a ``\\r`` not followed by ``\\n`` outside quotes;
-* invalid UTF-8 or a NUL byte in a field the reader reads. Fields it does not
-  read are not decoded, so their bytes do not matter. (Before parsing, each run
+* invalid UTF-8 (in the field's bytes as written, quotes included) or a NUL
+  byte in a field the reader reads. Fields it does not read are not decoded,
+  so their bytes do not matter. (Before parsing, each run
   of invalid bytes becomes a noncharacter absent from the block, since pyarrow
   hands a bad row's text to its handler as str; a read field holding it is bad.)
 
