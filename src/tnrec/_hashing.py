@@ -1,4 +1,4 @@
-"""Portable 64-bit key mixing and the key -> bucket function.
+"""Portable 64-bit key mixing and the key -> bucket function (the bottom layer: NumPy + numba).
 
 ``mix64`` is the splitmix64 finaliser (Steele, Lea, Flood 2014) on the key's
 two's-complement bits. It is fixed forever: the hash index, the initial vector

@@ -20,6 +20,10 @@ class ArgumentError(TnrecError, ValueError):
     """An argument has the wrong value, type, dtype or shape."""
 
 
+class ConfigError(ArgumentError):
+    """The run configuration is invalid; the message names the file and the key."""
+
+
 class TableKeyError(TnrecError, ValueError):
     """Keys given to a sparse table are unknown or repeated where that is not allowed."""
 

@@ -3,7 +3,7 @@
 One pristine tree is built per module::
 
     model/                 a zoo model dir (WideDeep, tables emb and wide)
-      model.json           tnrec.models.artifacts.save_model
+      model.json           tnrec.cli.artifacts.save_model
       _checkpoint
       d1/1/...             generation 1 (after day 1)
       d2/2/...             generation 2 (after day 2, with resume state and a reader position)
@@ -47,9 +47,8 @@ import numpy as np
 import pytest
 import torch
 
-from tnrec import inspection
+from tnrec.cli import artifacts, inspection
 from tnrec.errors import TnrecError
-from tnrec.models import artifacts
 from tnrec.table import Adam, SparseTable
 
 from .conftest import (

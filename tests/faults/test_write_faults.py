@@ -35,8 +35,8 @@ import pytest
 
 import tnrec
 from tnrec import checkpoint
+from tnrec.cli import artifacts
 from tnrec.errors import WriteError
-from tnrec.models import artifacts
 
 from .conftest import PARAMS, build_model, differences, model_state, tree_digest
 

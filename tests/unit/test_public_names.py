@@ -15,7 +15,7 @@ def _names() -> list[str]:
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
         names |= set(re.findall(r"\btn\.[a-z_]+(?:\.[A-Za-z_]+)*", text))
-        for dotted in re.findall(r"\btnrec\.([a-z_]+)\b", text):
+        for dotted in re.findall(r"\btnrec\.([a-z][a-z_]*)\b", text):  # public modules
             # `tnrec.<module>` where such a module exists (not format names like tnrec.export.delta)
             if (PACKAGE / f"{dotted}.py").is_file() or (PACKAGE / dotted).is_dir():
                 names.add(f"tn.{dotted}")

@@ -93,13 +93,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tnrec.data import Reader, criteo_columns, list_files, read_criteo, read_csv, read_parquet
-from tnrec.errors import ArgumentError, DataError, SpecError
+from tnrec.errors import ArgumentError, ConfigError, DataError, SpecError
 from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
-from tnrec.optimizer import SGD, AdaGrad, Adam, Ftrl, SparseOptimizer
-from tnrec.table import EvictionPolicy
+from tnrec.models import MODELS
+from tnrec.optimizer import SparseOptimizer
+from tnrec.table import OPTIMIZERS, EvictionPolicy
 
 __all__ = [
-    "ConfigError",
     "RunConfig",
     "check_inputs",
     "config_from_dict",
@@ -112,20 +112,10 @@ __all__ = [
     "make_policy",
 ]
 
-MODEL_NAMES = ("lr", "widedeep", "deepfm", "dcn")
+MODEL_NAMES = tuple(MODELS)
 FORMATS = ("parquet", "csv", "criteo")
-OPTIMIZERS: dict[str, type[SparseOptimizer]] = {
-    "adagrad": AdaGrad,
-    "adam": Adam,
-    "sgd": SGD,
-    "ftrl": Ftrl,
-}
 DEFAULT_PATTERN = {"parquet": "*.parquet", "csv": "*.csv", "criteo": "*"}
 BAD_ROW_MODES = ("raise", "skip")
-
-
-class ConfigError(ArgumentError):
-    """The run configuration is invalid; the message names the file and the key."""
 
 
 @dataclass(frozen=True)

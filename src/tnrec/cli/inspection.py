@@ -10,13 +10,13 @@ import numpy as np
 
 from tnrec import checkpoint
 from tnrec._fileio import check_file
+from tnrec.cli.artifacts import MODEL_FILE, read_model_json
 from tnrec.errors import ArgumentError, CheckpointError, TableKeyError
-from tnrec.models.artifacts import MODEL_FILE, read_model_json
 
 __all__ = ["format_row", "format_summary", "inspect", "inspect_row", "inspect_summary"]
 
 
-def _no_checkpoint(root: str, dt: str | None) -> str:
+def no_checkpoint_message(root: str, dt: str | None) -> str:
     """The error text for a model dir without a (matching) complete checkpoint."""
     days = sorted({d for d, _ in checkpoint.generations(root)})
     what = f"of day {dt!r} " if dt is not None else ""
@@ -46,7 +46,7 @@ def _locate(path: str) -> tuple[str, str | None]:
     if is_root(parent):
         ckpt = checkpoint.latest(parent, os.path.basename(path))
         if ckpt is None:
-            raise CheckpointError(_no_checkpoint(parent, os.path.basename(path)))
+            raise CheckpointError(no_checkpoint_message(parent, os.path.basename(path)))
         return parent, ckpt
     raise CheckpointError(
         f"{path} is not a model dir (no {checkpoint.POINTER} or {MODEL_FILE}), a day or a "
@@ -164,7 +164,7 @@ def inspect_row(path: str, table: str, key: str) -> dict[str, Any]:
         raise ArgumentError(f"--key must be an int (a hashed key). Received: {key!r}.") from None
     root, ckpt = _locate(path)
     if ckpt is None:
-        raise CheckpointError(_no_checkpoint(root, None))
+        raise CheckpointError(no_checkpoint_message(root, None))
     m = checkpoint.read_manifest(ckpt)
     if table not in m["tables"]:
         raise ArgumentError(

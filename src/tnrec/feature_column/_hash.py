@@ -29,7 +29,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from tnrec.table.keyhash import mix64_scalar as _mix64
+from tnrec._hashing import mix64_scalar as _mix64
 
 HASH_NAME = "splitmix64-fnv1a64/1"
 

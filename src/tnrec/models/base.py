@@ -148,7 +148,7 @@ class ZooModel(Model):
     Subclasses call :meth:`_setup` and define ``forward_dense`` returning a logit ``[B]``.
     """
 
-    #: the name under which the CLI and :mod:`tnrec.models.artifacts` know the model
+    #: the name under which the CLI and :mod:`tnrec.cli.artifacts` know the model
     zoo_name = ""
 
     def _setup(

@@ -6,7 +6,7 @@ import numba as nb
 import numpy as np
 import numpy.typing as npt
 
-from tnrec.table.keyhash import mix64_scalar
+from tnrec._hashing import mix64_scalar
 
 
 @nb.njit(nogil=True, cache=True)

@@ -3,14 +3,23 @@
 NumPy + numba only; no torch. See ``docs`` in :class:`SparseTable`.
 """
 
+from tnrec._hashing import NUM_BUCKETS, bucket_of, mix64
 from tnrec.table.init import Initializer, normal, uniform, zeros
-from tnrec.table.keyhash import NUM_BUCKETS, bucket_of, mix64
-from tnrec.table.optimizers import SGD, AdaGrad, Adam, Ftrl, SparseOptimizer, optimizer_from_config
+from tnrec.table.optimizers import (
+    OPTIMIZERS,
+    SGD,
+    AdaGrad,
+    Adam,
+    Ftrl,
+    SparseOptimizer,
+    optimizer_from_config,
+)
 from tnrec.table.policy import EvictionPolicy
 from tnrec.table.table import SparseTable, TableStats
 from tnrec.table.threads import get_num_threads, set_num_threads
 
 __all__ = [
+    "OPTIMIZERS",
     "NUM_BUCKETS",
     "SGD",
     "AdaGrad",

@@ -37,13 +37,13 @@ import numpy.typing as npt
 
 from tnrec import _fileio
 from tnrec._fileio import check_file, fsync_dir, kill_point, sha256_file
+from tnrec._hashing import NUM_BUCKETS, bucket_of
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
     MismatchError,
 )
 from tnrec.table.init import Initializer
-from tnrec.table.keyhash import NUM_BUCKETS, bucket_of
 from tnrec.table.optimizers import SparseOptimizer, optimizer_from_config
 from tnrec.table.policy import EvictionPolicy
 

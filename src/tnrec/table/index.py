@@ -22,8 +22,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from tnrec._hashing import mix64_scalar
 from tnrec.table._llvm import _i32_ptr
-from tnrec.table.keyhash import mix64_scalar
 
 MAX_LOAD_NUM = 3  # the index grows when count would exceed capacity * 3 / 4
 MAX_LOAD_DEN = 4

@@ -29,8 +29,8 @@ from typing import Any
 import numba as nb
 import numpy as np
 
+from tnrec._hashing import mix64_scalar
 from tnrec.errors import ArgumentError
-from tnrec.table.keyhash import mix64_scalar
 
 INIT_ZEROS = 0
 INIT_NORMAL = 1

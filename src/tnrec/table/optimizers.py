@@ -207,6 +207,8 @@ class Ftrl(SparseOptimizer):
 
 
 _TYPES: dict[str, type[SparseOptimizer]] = {c.__name__: c for c in (SGD, AdaGrad, Adam, Ftrl)}
+OPTIMIZERS: dict[str, type[SparseOptimizer]] = {name.lower(): c for name, c in _TYPES.items()}
+"""The sparse optimizers by lower-case name (``"adagrad"``, ``"adam"``, ``"ftrl"``, ``"sgd"``)."""
 
 
 def optimizer_from_config(config: dict[str, Any]) -> SparseOptimizer:

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
+from tnrec._hashing import bucket_of, mix64
 from tnrec.table.init import normal, uniform, zeros
-from tnrec.table.keyhash import bucket_of, mix64
 from tnrec.table.optimizers import SGD, AdaGrad, Adam, Ftrl
 from tnrec.table.policy import EvictionPolicy
 from tnrec.table.table import SparseTable

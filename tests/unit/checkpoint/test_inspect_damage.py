@@ -2,8 +2,8 @@
 
 import pytest
 
+from tnrec.cli.inspection import inspect
 from tnrec.errors import CheckpointError, ChecksumError
-from tnrec.inspection import inspect
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ import pytest
 
 from tnrec import checkpoint
 from tnrec.cli import export, main
+from tnrec.cli.artifacts import load_model
+from tnrec.cli.config import load_config, make_reader
+from tnrec.cli.inspection import inspect_row
 from tnrec.data.synthetic import SyntheticConfig, generate
-from tnrec.errors import ArgumentError, CheckpointError, TableKeyError
+from tnrec.errors import ArgumentError, CheckpointError, ConfigError, TableKeyError
 from tnrec.export import apply_delta, load_dictionary
-from tnrec.inspection import inspect_row
-from tnrec.models.artifacts import load_model
-from tnrec.models.config import ConfigError, load_config, make_reader
 from tnrec.runlog import read_runlog
 from tnrec.serving import Predictor
 

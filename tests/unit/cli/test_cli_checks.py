@@ -11,10 +11,10 @@ import pytest
 
 from tnrec import checkpoint
 from tnrec.cli import demo, export, main
+from tnrec.cli.artifacts import load_model
+from tnrec.cli.config import check_inputs, load_config
 from tnrec.data.synthetic import SyntheticConfig, generate
-from tnrec.errors import ArgumentError, DistributedError
-from tnrec.models.artifacts import load_model
-from tnrec.models.config import ConfigError, check_inputs, load_config
+from tnrec.errors import ArgumentError, ConfigError, DistributedError
 
 TINY = """\
 seed = 1
@@ -203,8 +203,8 @@ def test_distributed_timeout_reaches_the_strategy(run_dir, tiny_model, monkeypat
             seen.append(timeout_s)
             raise DistributedError("stop here")
 
-    monkeypatch.setattr("tnrec.cli.current_strategy", lambda: None)
-    monkeypatch.setattr("tnrec.cli.PsStrategy", Recorder)
+    monkeypatch.setattr("tnrec.cli.common.current_strategy", lambda: None)
+    monkeypatch.setattr("tnrec.cli.common.PsStrategy", Recorder)
     cfg = write(run_dir, TINY.replace("[train]", "[distributed]\ntimeout_s = 12.5\n[train]"))
     assert main(["train", "--config", cfg]) == 2
     assert main(["train", "--config", cfg, "--timeout-s", "3"]) == 2
@@ -424,7 +424,7 @@ def test_an_os_error_is_one_line_naming_the_path(monkeypatch, capsys):
     def fail(args):
         raise PermissionError(13, "Permission denied", "/srv/runs/x")
 
-    monkeypatch.setattr("tnrec.cli._run", fail)
+    monkeypatch.setattr("tnrec.cli.entry._run", fail)
     assert main(["inspect", "x"]) == 1
     assert capsys.readouterr().err == "tnrec inspect: error: Permission denied: /srv/runs/x\n"
 

@@ -5,22 +5,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.keys import INT64_MAX, INT64_MIN
 from tnrec.errors import ArgumentError
 from tnrec.table import NUM_BUCKETS, bucket_of, mix64
 
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
-
 PINNED = [
-    (0, 0xE220A8397B1DCDAF, 431),
-    (1, 0x910A2DEC89025CC1, 193),
-    (-1, 0xE4D971771B652C20, 32),
-    (I64_MIN, 0x481EC0A212A9F3DB, 987),
-    (I64_MAX, 0x2A67D7552E039EA7, 679),
+    pytest.param(0, 0xE220A8397B1DCDAF, 431, id="0"),
+    pytest.param(1, 0x910A2DEC89025CC1, 193, id="1"),
+    pytest.param(-1, 0xE4D971771B652C20, 32, id="-1"),
+    pytest.param(INT64_MIN, 0x481EC0A212A9F3DB, 987, id="int64-min"),
+    pytest.param(INT64_MAX, 0x2A67D7552E039EA7, 679, id="int64-max"),
 ]
 
 
-@pytest.mark.parametrize(("key", "mixed", "bucket"), PINNED, ids=[str(p[0]) for p in PINNED])
+@pytest.mark.parametrize(("key", "mixed", "bucket"), PINNED)
 def test_pinned_values(key, mixed, bucket):
     k = np.array([key], dtype=np.int64)
     assert int(mix64(k)[0]) == mixed
@@ -35,7 +33,7 @@ def test_splitmix64_reference_sequence():
     assert [int(x) for x in mix64(keys)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
 
 
-@given(st.lists(st.integers(I64_MIN, I64_MAX), max_size=50))
+@given(st.lists(st.integers(INT64_MIN, INT64_MAX), max_size=50))
 def test_bucket_range_and_python_reference(values):
     keys = np.array(values, dtype=np.int64)
     b = bucket_of(keys)

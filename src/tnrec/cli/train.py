@@ -1,0 +1,250 @@
+"""``tnrec train``: the config's days in order into the model dir, one checkpoint a day."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tnrec import checkpoint
+from tnrec.cli.artifacts import (
+    MODEL_FILE,
+    model_doc,
+    read_model_json,
+    write_model_json,
+)
+from tnrec.cli.common import (
+    CONFIG_FILE,
+    GLOB_DAY,
+    build_model,
+    current_or_new_strategy,
+    dir_problem,
+    make_dir,
+    model_params,
+    to_json,
+)
+from tnrec.cli.config import (
+    ConfigError,
+    RunConfig,
+    check_inputs,
+    key_digests,
+    make_policy,
+    make_reader,
+)
+from tnrec.daily import DayReport, train_days
+from tnrec.data import Reader
+from tnrec.distribute import PsStrategy
+from tnrec.errors import DistributedError, TnrecError
+from tnrec.runlog import RUNLOG_FILE, RunLog
+
+
+def _days(cfg: RunConfig) -> list[tuple[str, Callable[[], Reader]]]:
+    """``(dt, make_reader)`` of every training day, in order (check the inputs first)."""
+    shuffle = cfg.data["shuffle"]
+    if cfg.data["train"]:
+        return [(GLOB_DAY, lambda: make_reader(cfg, "train", shuffle=shuffle))]
+
+    def maker(dt: str) -> Callable[[], Reader]:
+        return lambda: make_reader(cfg, "train", days=[dt], shuffle=shuffle)
+
+    return [(dt, maker(dt)) for dt in cfg.data["train_days"]]
+
+
+def _check_same_config(strategy: PsStrategy, cfg: RunConfig) -> None:
+    """Fail on every worker, naming the keys, when the workers' configs or model dirs differ.
+
+    Each worker puts the digest of every config key (:func:`key_digests`) in
+    its row of a ``[W, K]`` float64 table; one all-reduce sums the rows, so
+    every worker sees every worker's digests and compares them with rank 0's.
+    """
+    if strategy.comm is None:
+        return
+    keys, digests = zip(*key_digests(cfg), strict=True)
+    table = torch.zeros((strategy.world_size, len(keys)), dtype=torch.float64)  # [W, K]
+    table[strategy.rank] = torch.tensor(digests, dtype=torch.float64)
+    strategy.comm.all_reduce_sum(table, "compare the workers' run configs")
+    differ = {
+        r: [k for k, a, b in zip(keys, table[0].tolist(), table[r].tolist(), strict=True) if a != b]
+        for r in range(1, strategy.world_size)
+    }
+    lines = [f"rank {r} differs from rank 0 in {', '.join(ks)}" for r, ks in differ.items() if ks]
+    if lines:
+        raise ConfigError(
+            f"{cfg.source}: the workers were started with different run configs or model dirs: "
+            f"{'; '.join(lines)}. Start every worker with the same config and --output-dir."
+        )
+
+
+def _has_checkpoint(model_dir: str) -> bool:
+    """Whether ``model_dir`` holds a checkpoint (a ``_checkpoint`` pointer or a generation)."""
+    pointer = os.path.join(model_dir, checkpoint.POINTER)
+    return os.path.lexists(pointer) or bool(checkpoint.generations(model_dir))
+
+
+def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
+    """Refuse to train into a model dir whose checkpoint belongs to another model.
+
+    A ``model.json`` without a checkpoint (a run that failed before its first
+    save) is replaced by the new one.
+    """
+    if not os.path.isfile(os.path.join(model_dir, MODEL_FILE)) or not _has_checkpoint(model_dir):
+        return
+    old = read_model_json(model_dir)
+    for key in ("model", "params", "sparse_optimizer", "feature_spec"):
+        if old.get(key) != doc[key]:
+            raise ConfigError(
+                f"{model_dir}/{MODEL_FILE}: the model dir holds another model ({key} "
+                f"{old.get(key)!r} != {doc[key]!r}); train into a new checkpoint.dir."
+            )
+
+
+def _check_run_dirs(cfg: RunConfig) -> None:
+    """Refuse an ``output_dir`` or model dir that is a file (or lies under one)."""
+    key = '"checkpoint.dir"' if cfg.checkpoint["dir"] else '"output_dir"'
+    for label, path in (('"output_dir"', cfg.output_dir), (key, cfg.model_dir)):
+        problem = dir_problem(path)
+        if problem is not None:
+            raise ConfigError(f"{cfg.source}: {label}: {problem}.")
+
+
+def _write_run_files(cfg: RunConfig, doc: dict[str, Any]) -> None:
+    """Rank 0: check the model dir, create the dirs, write ``model.json`` and ``config.json``."""
+    _check_same_model(cfg.model_dir, doc)
+    key = '"checkpoint.dir"' if cfg.checkpoint["dir"] else '"output_dir"'
+    make_dir(cfg.output_dir, f'{cfg.source}: "output_dir"')
+    make_dir(cfg.model_dir, f"{cfg.source}: {key}")
+    write_model_json(cfg.model_dir, doc)
+    path = os.path.join(cfg.output_dir, CONFIG_FILE)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(to_json(cfg.to_dict(), indent=2))
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror}.") from None
+
+
+def _on_rank0(strategy: PsStrategy, step: Callable[[], None], what: str) -> None:
+    """Run ``step`` on rank 0; if it fails, every worker fails (no worker waits for a timeout).
+
+    Raises:
+        TnrecError: rank 0's error on rank 0.
+        DistributedError: on the other workers, when rank 0 failed.
+    """
+    err: TnrecError | None = None
+    if strategy.rank == 0:
+        try:
+            step()
+        except TnrecError as e:
+            err = e
+    if strategy.comm is not None:
+        failed = torch.tensor([float(err is not None)], dtype=torch.float64)
+        strategy.comm.broadcast(failed, what)  # also the barrier after rank 0's writes
+        if err is None and failed.item():
+            raise DistributedError(
+                f"rank {strategy.rank}/{strategy.world_size}: rank 0 failed to {what} "
+                "(rank 0's error names the cause); stopping."
+            )
+    if err is not None:
+        raise err
+
+
+def _append_runlog(out_dir: str, records: Sequence[dict[str, Any]]) -> str:
+    path = os.path.join(out_dir, RUNLOG_FILE)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in records:
+            f.write(to_json(r) + "\n")
+    return path
+
+
+def _day_record(day: DayReport) -> dict[str, Any]:
+    return {
+        "event": "day",
+        "dt": day.dt,
+        "skipped": day.skipped,
+        "resumed": day.resumed,
+        "rows": day.rows_trained,
+        "keys_created": day.keys_created,
+        "keys_evicted": day.keys_evicted,
+        "table_sizes": day.table_sizes,
+        "next_day_auc": day.next_day_auc,
+    }
+
+
+def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict[str, Any]:
+    """Train the configured days in order into the model dir (checkpoint root); evaluate on test.
+
+    Before anything is built or written, the workers compare their configs and
+    model dirs, and every input (each day, the test data) is checked. A day
+    already complete in the checkpoint is skipped; an interrupted day resumes
+    from its saved input position (``checkpoint.save_every_n_steps``). Before
+    each day's save the tables decay and evict by ``[eviction]``. Rank 0
+    writes ``model.json``, ``config.json``, prints one line per day and
+    appends them to ``runlog.jsonl``.
+
+    Args:
+        cfg: the run config.
+        verbose: 1 prints the per-day lines (rank 0).
+        eval_next_day: before training a day, report the AUC on it of the model so far.
+
+    Returns:
+        ``days`` (one record per day), ``rows``, ``samples_per_s``, ``train_s``,
+        and ``val_*`` metrics on the test data when the config has some.
+
+    Raises:
+        ConfigError: ``train.steps_per_epoch`` is set, the workers' configs or
+            model dirs differ, an input matches no file or holds no rows,
+            ``output_dir`` or the model dir is a file, or the model dir holds
+            another model's checkpoint.
+        DistributedError: on the other workers when rank 0 cannot write the model dir.
+    """
+    strategy = current_or_new_strategy(cfg.distributed["timeout_s"])
+    rank = strategy.rank
+    _check_same_config(strategy, cfg)
+    if cfg.train["steps_per_epoch"] is not None:
+        raise ConfigError(
+            f'{cfg.source}: "train.steps_per_epoch" is not supported by the daily cycle of '
+            "`tnrec train` (every day is trained in full); remove it."
+        )
+    _check_run_dirs(cfg)
+    check_inputs(cfg)
+    days = _days(cfg)
+    model = build_model(cfg)
+    model_dir = cfg.model_dir
+    doc = model_doc(model, model_params(cfg), make_policy(cfg), cfg.to_dict())
+    _on_rank0(strategy, lambda: _write_run_files(cfg, doc), "prepare the model dir")
+    start = time.perf_counter()
+    ck = cfg.checkpoint
+    # Per-step and per-epoch records (rows, samples/s, input wait, metrics): rank 0 only.
+    log = RunLog(cfg.output_dir, every=cfg.train["log_every"]) if rank == 0 else None
+    reports = train_days(
+        model,
+        days,
+        model_dir,
+        epochs=cfg.train["epochs"],
+        save_every_n_steps=ck["save_every_n_steps"],
+        keep=ck["keep"],
+        eval_next_day=eval_next_day,
+        verbose=verbose,
+        callbacks=[log] if log is not None else (),
+        wrap=log.wrap if log is not None else None,
+    )
+    secs = time.perf_counter() - start
+    rows = sum(r.rows_trained for r in reports)
+    records = [_day_record(r) for r in reports]
+    result: dict[str, Any] = {
+        "days": records,
+        "rows": rows,
+        "samples_per_s": rows / max(secs, 1e-9),
+        "train_s": secs,
+    }
+    if cfg.has_test:
+        logs = model.evaluate(make_reader(cfg, "test"), verbose=0)
+        result.update({f"val_{k}": v for k, v in logs.items()})
+    if rank == 0:
+        summary = {"event": "train", **{k: v for k, v in result.items() if k != "days"}}
+        path = _append_runlog(cfg.output_dir, [*records, summary])
+        if verbose:
+            print(f"checkpoints in {model_dir}; run log {path}", flush=True)
+    return result
