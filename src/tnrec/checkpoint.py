@@ -52,12 +52,12 @@ from tnrec.errors import (
     MismatchError,
     WriteError,
 )
-from tnrec.feature_column import to_spec
+from tnrec.layers.spec import feature_spec, layers_spec
 from tnrec.table import NUM_BUCKETS
 from tnrec.table import files as table_files
 
 if TYPE_CHECKING:
-    from tnrec.model import Model
+    from tnrec.layers.spec import CheckpointModel as Model
 
 FORMAT = "tnrec.checkpoint"
 FORMAT_VERSION = 2
@@ -329,35 +329,6 @@ def _owned_buckets(rank: int, world: int) -> np.ndarray:
 
 def _rng_state() -> str:
     return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
-
-
-def feature_spec(model: Model) -> dict[str, Any]:
-    """Return the feature spec of the model's inputs: its layers' categorical columns, then
-    ``model.feature_columns`` (numeric columns and anything else it declares), one per key.
-
-    The layers' embedding settings (dimension, combiner, table) are stored beside it
-    in the manifest's ``layers``.
-    """
-    cols: list[Any] = []
-    for layer in model.embedding_layers():
-        cols += [c.categorical for c in layer.columns]
-    cols += list(getattr(model, "feature_columns", []) or [])
-    unique: dict[str, Any] = {}
-    for c in cols:
-        c = getattr(c, "categorical", c)
-        unique.setdefault(c.key, c)
-    return to_spec(list(unique.values()))
-
-
-def layers_spec(model: Model) -> dict[str, Any]:
-    """Return each embedding layer's table and columns (key, dimension, combiner)."""
-    return {
-        layer.name or layer.table_name: {
-            "table": layer.table_name,
-            "columns": [[c.key, c.dimension, c.combiner] for c in layer.columns],
-        }
-        for layer in model.embedding_layers()
-    }
 
 
 def save(

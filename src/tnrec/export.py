@@ -93,7 +93,7 @@ from tnrec.feature_column.columns import COMBINERS
 from tnrec.losses import PREDICTIONS, SINGLE
 
 if TYPE_CHECKING:
-    from tnrec.model import Model
+    from tnrec.layers.spec import ExportModel as Model
 
 FORMAT = "tnrec.export"
 DELTA_FORMAT = "tnrec.export.delta"
@@ -311,7 +311,7 @@ def export_onnx(
 
 
 def _head_specs(model: Model) -> list[dict[str, str]]:
-    heads = getattr(model, "_heads", []) or []
+    heads = model.heads
     if not heads:
         return [{"name": SINGLE, "prediction": "identity"}]
     return [{"name": h.name, "prediction": h.prediction} for h in heads]
@@ -341,7 +341,7 @@ def _check_rows(name: str, rows: Mapping[str, np.ndarray], min_show: float | Non
 def _provenance(provenance: Mapping[str, Any] | None, model: Model, dt: str | None) -> dict:
     """The manifest's ``provenance``: the given fields (checked), the rest null."""
     if provenance is None:
-        step = getattr(model, "global_step", None)
+        step = model.global_step
         return {**dict.fromkeys(PROVENANCE), "dt": dt, "global_step": step}
     if not isinstance(provenance, Mapping):
         raise ArgumentError(
@@ -395,7 +395,7 @@ def export(
             on several workers (export from the checkpoint with ``tnrec export``).
         WriteError: a file cannot be written; nothing is left at ``path``.
     """
-    from tnrec.checkpoint import feature_spec
+    from tnrec.layers.spec import feature_spec
 
     path = _new_path(path)
     if min_show is not None and not _is_number(min_show):

@@ -110,6 +110,12 @@ class Model(TrainingLoops, torch.nn.Module):
 
     # ------------------------------------------------------------------ tables
 
+    @property
+    def heads(self) -> list[Head]:
+        """The compiled heads (name, label, loss, prediction, weight, metrics), in
+        ``compile`` order; empty before ``compile``."""
+        return list(self._heads)
+
     def embedding_layers(self) -> list[EmbeddingFeatures]:
         """Return the embedding layers, naming unnamed ones after their attribute path."""
         layers = []

@@ -24,13 +24,12 @@ any moment leaves the previous directory loadable. No pickle is read back.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
 import shutil
 import uuid
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -50,7 +49,26 @@ from tnrec.table.policy import EvictionPolicy
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from tnrec.table.table import SparseTable
+
+class TableRows(Protocol):
+    """What the file format reads from and writes into a table (``tnrec.table.SparseTable``)."""
+
+    name: str
+    dim: int
+    seed: int
+    initializer: Initializer
+    optimizer: SparseOptimizer
+    policy: EvictionPolicy
+    generation: int
+
+    def records(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
+
+    def split_records(
+        self, keys: npt.NDArray[np.int64], rec: npt.NDArray[np.float32]
+    ) -> dict[str, np.ndarray]: ...
+
+    def write_records(self, keys: npt.NDArray[np.int64], rec: npt.NDArray[np.float32]) -> Any: ...
+
 
 FORMAT = "tnrec.sparse_table"
 FORMAT_VERSION = 2
@@ -65,12 +83,12 @@ def _npy_writer(arr: np.ndarray) -> Callable[[IO[bytes]], None]:
     return write
 
 
-def _array_names(table: SparseTable) -> list[str]:
+def _array_names(table: TableRows) -> list[str]:
     state = [name for name, _, _ in table.optimizer.state_arrays(table.dim)]
     return ["keys", "weights", *state, "show", "click", "unseen_days", "marker"]
 
 
-def header_of(table: SparseTable) -> dict[str, Any]:
+def header_of(table: TableRows) -> dict[str, Any]:
     """Return the header fields that describe ``table`` (without files and count)."""
     return {
         "format": FORMAT,
@@ -89,7 +107,7 @@ def header_of(table: SparseTable) -> dict[str, Any]:
 
 
 def save(
-    table: SparseTable,
+    table: TableRows,
     path: str,
     *,
     format: str = "npy",
@@ -209,7 +227,7 @@ def _swap_into_place(tmp: str, path: str) -> None:
     fsync_dir(parent)
 
 
-def _write_text(f: IO[bytes], table: SparseTable, arrays: dict[str, np.ndarray]) -> None:
+def _write_text(f: IO[bytes], table: TableRows, arrays: dict[str, np.ndarray]) -> None:
     n = arrays["keys"].shape[0]
     if n == 0:
         return
@@ -369,7 +387,7 @@ def _read_text(
 
 
 def _records_from(
-    table: SparseTable, arrays: dict[str, np.ndarray], sel: np.ndarray, full: str
+    table: TableRows, arrays: dict[str, np.ndarray], sel: np.ndarray, full: str
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     keys = np.ascontiguousarray(arrays["keys"][sel])
     n = keys.shape[0]
@@ -413,7 +431,7 @@ def _select(
 
 
 def load_into(
-    table: SparseTable,
+    table: TableRows,
     path: str,
     key_filter: Callable[..., Any] | None = None,
     *,
@@ -474,16 +492,16 @@ def _bucket_rows(
     return np.flatnonzero(buckets[bucket_of(np.ascontiguousarray(keys))])
 
 
-def load(
-    path: str,
-    key_filter: Callable[..., Any] | None = None,
-    *,
-    dim: int | None = None,
-    optimizer: SparseOptimizer | None = None,
-) -> SparseTable:
-    """Build a table from a saved directory (see :meth:`SparseTable.load`)."""
-    from tnrec.table.table import SparseTable
+def table_args(
+    path: str, *, dim: int | None = None, optimizer: SparseOptimizer | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return ``(SparseTable keyword arguments, header)`` of a saved table, checked against
+    the expected ``dim`` and ``optimizer`` type (see :meth:`SparseTable.load`).
 
+    Raises:
+        MismatchError: the saved dim or optimizer type is not the expected one.
+        CheckpointError: the header cannot be read or its fields do not build a table.
+    """
     header = read_header(path)
     fname = os.path.join(header["_dir"], HEADER)
     if dim is not None and int(header["dim"]) != dim:
@@ -494,17 +512,16 @@ def load(
             f"{type(optimizer).__name__}."
         )
     try:
-        table = SparseTable(
-            int(header["dim"]),
-            optimizer if optimizer is not None else optimizer_from_config(header["optimizer"]),
-            name=str(header["name"]),
-            initializer=Initializer.from_config(header["initializer"]),
-            seed=int(header["seed"]),
-            policy=EvictionPolicy.from_config(header["policy"]),
-        )
+        args = {
+            "dim": int(header["dim"]),
+            "optimizer": optimizer
+            if optimizer is not None
+            else optimizer_from_config(header["optimizer"]),
+            "name": str(header["name"]),
+            "initializer": Initializer.from_config(header["initializer"]),
+            "seed": int(header["seed"]),
+            "policy": EvictionPolicy.from_config(header["policy"]),
+        }
     except (KeyError, TypeError, ArgumentError) as e:
         raise CheckpointError(f"{fname}: invalid header field: {e}.") from None
-    with contextlib.suppress(KeyError):
-        table.generation = int(header["generation"])
-    load_into(table, header["_dir"], key_filter)
-    return table
+    return args, header

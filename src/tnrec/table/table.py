@@ -596,7 +596,11 @@ class SparseTable:
         """
         from tnrec.table import files
 
-        return files.load(path, key_filter, dim=dim, optimizer=optimizer)
+        args, header = files.table_args(path, dim=dim, optimizer=optimizer)
+        table = cls(**args)
+        table.generation = int(header.get("generation", 0))
+        files.load_into(table, header["_dir"], key_filter, verified=None)
+        return table
 
     def load_rows(
         self, path: str, key_filter: Callable[[Keys], npt.NDArray[np.bool_]] | None = None
