@@ -1,4 +1,4 @@
-"""Checkpoint save/load throughput of one sparse table (issue 7: 10M keys, dim 16).
+"""Checkpoint save/load throughput of one sparse table (the documented case: 10M keys, dim 16).
 
     NUMBA_CACHE_DIR=.numba_cache python bench/checkpoint_bench.py --keys 10000000 --dim 16
 

@@ -143,9 +143,9 @@ CRITEO_CARDINALITIES: tuple[int, ...] = (
     7_046_547, 18, 15, 286_181, 105, 142_572,
 )  # fmt: skip
 
-#: Generator version written to ``_synthetic.json``. Version 2 changed the
-#: default hidden model (see the module doc); ``SyntheticConfig(**V1_MODEL)``
-#: draws version 1's data again.
+#: Generator version written to ``_synthetic.json``: version 2 is the default
+#: hidden model of the module doc; ``SyntheticConfig(**V1_MODEL)`` draws
+#: version 1's data.
 GENERATOR_VERSION = 2
 
 #: The hidden-model settings of generator version 1: numeric effects on the

@@ -1,7 +1,7 @@
 """Convert Arrow arrays of raw values to canonical values, then to keys or floats.
 
-Every reader (and later the predictor) goes through these two functions, so a
-value hashes the same whatever file format it came from:
+Every reader and the Predictor (through :mod:`tnrec.data.decode`) go through
+these two functions, so a value hashes the same whatever input it came from:
 
 * :func:`categorical_bags`: one Arrow column → a jagged bag of keys per row.
   Accepts int, float (integral values only), bool, string, binary,

@@ -9,10 +9,8 @@ normal quantile (Wichura's AS241) of the open-interval uniform
 ``((u_j >> 11) + 0.5) / 2**53``, computed in float64 and stored as float32:
 one uniform per element, no logarithm in the central 85%.
 
-Changed in the performance work of issue 9: normals came from Box-Muller over
-pairs of uniforms (twice as slow to create a row). Tables created before keep
-their rows; keys created from then on start from the new formula, which is
-just as much a pure function of (seed, table name, key).
+The formula fixes a key's vector only when the key is created: rows already
+in a table, saved or loaded, keep their values whatever formula drew them.
 
 * :func:`normal` -- TensorNet's: ``N(0, std=1/sqrt(dim)) * scale``.
 * :func:`uniform` -- ``U(-a, a)``.
