@@ -98,9 +98,13 @@ class PsStrategy:
             :class:`~tnrec.errors.DistributedError` naming the rank and phase.
 
     Example:
-        >>> strategy = tn.distribute.PsStrategy()      # doctest: +SKIP
-        >>> model = MyModel(); model.compile(...)        # doctest: +SKIP
-        >>> model.fit(tn.data.read_parquet(files, cols))  # each worker reads its part
+        >>> import tnrec as tn
+        >>> strategy = tn.distribute.PsStrategy()   # before the model; here rank 0 of 1
+        >>> strategy.rank, strategy.world_size, strategy.is_distributed
+        (0, 1, False)
+        >>> # model = MyModel(); model.compile()     # tables sharded over the workers
+        >>> # model.fit(tn.data.read_parquet(files, cols))  # each worker reads its part
+        >>> strategy.shutdown()                      # end of the program
     """
 
     def __init__(self, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

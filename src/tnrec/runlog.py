@@ -92,8 +92,19 @@ class RunLog(Callback):
         filename: the JSON-lines file's name.
 
     Example:
-        >>> log = RunLog("/tmp/run", every=10)
-        >>> model.fit(log.wrap(reader), callbacks=[log])  # doctest: +SKIP
+        >>> import tempfile
+        >>> import tnrec as tn
+        >>> from tnrec.data.synthetic import SyntheticConfig, generate
+        >>> from tnrec.models import LR
+        >>> data = generate(tempfile.mkdtemp(), SyntheticConfig(rows_per_day=200, num_days=1))
+        >>> cols = tn.data.criteo_columns()
+        >>> reader = tn.data.read_parquet(data.train_files["2024-05-10"], cols, batch_size=50)
+        >>> model = LR(cols)
+        >>> model.compile()
+        >>> log = RunLog(tempfile.mkdtemp(), every=2)
+        >>> _ = model.fit(log.wrap(reader), callbacks=[log], verbose=0)
+        >>> [(r["event"], r.get("step")) for r in read_runlog(log.out_dir)]
+        [('step', 2), ('step', 4), ('epoch', None)]
     """
 
     def __init__(

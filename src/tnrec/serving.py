@@ -1,9 +1,17 @@
 """Predictor: run an export on raw feature rows, with the training code's hashing and pooling.
 
 Example:
-    >>> p = Predictor("export_dir")                         # doctest: +SKIP
-    >>> p.predict([{"user_id": 42, "item_id": "a9", "price": 3.5}])   # doctest: +SKIP
-    array([0.0312], dtype=float32)
+    >>> import tempfile
+    >>> import tnrec as tn
+    >>> from tnrec.models import LR
+    >>> user = tn.feature_column.category_column("user_id", dtype="int")
+    >>> item = tn.feature_column.category_column("item_id", dtype="str")
+    >>> model = LR([user, item])
+    >>> model.compile()                   # then model.fit(reader)
+    >>> path = model.export(tempfile.mkdtemp() + "/export")
+    >>> p = Predictor(path)
+    >>> p.predict([{"user_id": 42, "item_id": "a9"}])   # untrained: sigmoid(0)
+    array([0.5], dtype=float32)
 """
 
 from __future__ import annotations
@@ -55,9 +63,16 @@ class Predictor:
         FormatVersionError: the export has a format version this tnrec does not read.
 
     Example:
-        >>> p = Predictor("export_dir")                     # doctest: +SKIP
-        >>> p.predict([{"user": 7, "item": "a9", "price": 3.5}])["ctr"]  # doctest: +SKIP
-        array([0.0312], dtype=float32)
+        >>> import tempfile
+        >>> import tnrec as tn
+        >>> from tnrec.models import LR
+        >>> user = tn.feature_column.category_column("user", dtype="int")
+        >>> item = tn.feature_column.category_column("item", dtype="str")
+        >>> model = LR([user, item])
+        >>> model.compile()
+        >>> p = Predictor(model.export(tempfile.mkdtemp() + "/export"))
+        >>> p.predict({"user": [7, 8], "item": ["a9", None]})   # columns; None is missing
+        array([0.5, 0.5], dtype=float32)
     """
 
     def __init__(self, path: str | os.PathLike[str], verify: bool = True) -> None:

@@ -5,11 +5,18 @@ the same :class:`Batch`; they split across workers, shuffle deterministically,
 read ahead in a background thread and resume from a JSON-ready position.
 
 Example:
+    >>> import tempfile
     >>> import tnrec as tn
-    >>> files = tn.data.list_files("data", days=["2024-05-10"], pattern="*.parquet")
-    >>> reader = tn.data.read_parquet(files, tn.data.criteo_columns(), batch_size=4096)
-    >>> for batch in reader.split(rank, world_size):
-    ...     batch.keys("C1"), batch.offsets("C1"), batch.dense, batch.labels
+    >>> from tnrec.data.synthetic import SyntheticConfig, generate
+    >>> root = tempfile.mkdtemp()      # data_dir/<day>/part-*.parquet, Criteo's columns
+    >>> _ = generate(root, SyntheticConfig(rows_per_day=200, num_days=1, parts_per_day=2))
+    >>> files = tn.data.list_files(root, days=["2024-05-10"], pattern="*.parquet")
+    >>> reader = tn.data.read_parquet(files, tn.data.criteo_columns(), batch_size=64)
+    >>> rank, world_size = 0, 2        # this worker of two; a launched job reads them
+    >>> for batch in reader.split(rank, world_size):   # worker 0 reads one file of two
+    ...     batch.keys("C1").shape, batch.offsets("C1").shape, batch.dense.shape, batch.labels.shape
+    ((64,), (65,), (64, 13), (64, 1))
+    ((36,), (37,), (36, 13), (36, 1))
 """
 
 from tnrec.data.batch import Batch, Jagged

@@ -146,18 +146,28 @@ class _Prefetcher:
 
 
 class Reader:
-    """Reads hashed batches from files, resumably, split across workers.
+    r"""Reads hashed batches from files, resumably, split across workers.
 
     Build one with :func:`read_parquet`, :func:`read_csv` or :func:`read_criteo`.
     Iterating yields one epoch from the current position; the next iteration
     starts the next epoch (reshuffled when ``shuffle=True``).
 
     Example:
-        >>> reader = read_criteo("day_0.tsv", batch_size=4096, shuffle=True, seed=1)
-        >>> part = reader.split(rank, world_size)
+        >>> import os, tempfile
+        >>> from tnrec.data import read_criteo
+        >>> path = os.path.join(tempfile.mkdtemp(), "day_0.tsv")
+        >>> row = "\t".join(["1"] + ["3"] * 13 + ["68fd1e64"] * 26)  # label, I1..I13, C1..C26
+        >>> with open(path, "w") as f:
+        ...     _ = f.write((row + "\n") * 10)
+        >>> reader = read_criteo(path, batch_size=4, shuffle=True, seed=1)
+        >>> part = reader.split(0, 1)        # rank, world_size
         >>> for batch in part:
-        ...     train(batch)
-        ...     state = part.position()      # JSON-ready; part.seek(state) resumes
+        ...     # train(batch)
+        ...     state = part.position()      # JSON-ready; save it with a checkpoint
+        ...     break                        # the job stops here
+        >>> part.seek(state)                 # a restarted job resumes after that batch
+        >>> [batch.size for batch in part]
+        [4, 2]
     """
 
     def __init__(
