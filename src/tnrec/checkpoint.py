@@ -625,11 +625,31 @@ def load(
     if path is None:
         return None
     manifest = read_manifest(path)
-    ps = model.ps
-    rank, world = ps.rank, ps.world_size
     report = LoadReport(path=path, generation=int(manifest["generation"]))
-    # ---- validate: manifest vs model, then every file this worker reads
-    fname = os.path.join(path, MANIFEST)
+    plan = _plan_tables(model, manifest, os.path.join(path, MANIFEST), partial, report)
+    mine = _owned_buckets(model.ps.rank, model.ps.world_size)
+    parts = {name: _parts_to_read(path, saved, mine) for name, saved in plan.items()}
+    dense_file, dense = _read_dense(path, manifest)
+    state = _dense_plan(model, dense.get("model", {}), partial, report, dense_file)
+    rng = _read_worker_state(path, manifest, model.ps, report)
+    # everything is validated; from here on the model changes
+    _apply_tables(model, parts, mine, report)
+    _apply_dense(model, state, dense, dense_file, partial, report)
+    if rng is not None:  # dropout and other torch randomness continue as if never stopped
+        rng_bytes = np.frombuffer(base64.b64decode(rng), dtype=np.uint8).copy()
+        torch.set_rng_state(torch.from_numpy(rng_bytes))
+    report.resume = dict(manifest.get("resume") or {})
+    return report
+
+
+def _plan_tables(
+    model: Model, manifest: dict[str, Any], fname: str, partial: bool, report: LoadReport
+) -> dict[str, dict[str, Any]]:
+    """Validate the manifest against the model; return the saved tables to load, by name.
+
+    Raises:
+        MismatchError: a table or the feature spec differs (unless ``partial``).
+    """
     plan = {}
     for name, table in sorted(model.tables.items()):
         saved = manifest["tables"].get(name)
@@ -661,40 +681,78 @@ def load(
         report.skipped += [
             f"table {n} (not in the model)" for n in manifest["tables"] if n not in model.tables
         ]
-    parts_to_read: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    mine = _owned_buckets(rank, world)
-    for name, saved in plan.items():
-        reads = []
-        W = len(saved["parts"])
-        for part in saved["parts"]:
-            if not (mine & _owned_buckets(int(part["rank"]), W)).any():
-                continue  # this part holds none of my buckets
-            full = _check_file(
-                path, os.path.join(part["dir"], table_files.HEADER), part["header_sha256"]
-            )
-            reads.append((os.path.dirname(full), table_files.verify(os.path.dirname(full))))
-        parts_to_read[name] = reads
+    return plan
+
+
+def _parts_to_read(
+    path: str, saved: dict[str, Any], mine: np.ndarray
+) -> list[tuple[str, dict[str, Any]]]:
+    """The parts of one saved table that hold some of this worker's buckets, each verified:
+    ``(part directory, its checked header)``."""
+    reads = []
+    W = len(saved["parts"])
+    for part in saved["parts"]:
+        if not (mine & _owned_buckets(int(part["rank"]), W)).any():
+            continue  # this part holds none of my buckets
+        full = _check_file(
+            path, os.path.join(part["dir"], table_files.HEADER), part["header_sha256"]
+        )
+        reads.append((os.path.dirname(full), table_files.verify(os.path.dirname(full))))
+    return reads
+
+
+def _read_dense(path: str, manifest: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Check and read ``dense.pt`` (tensors and numbers only: ``weights_only=True``)."""
     dense_file = _check_file(path, DENSE, manifest["files"][DENSE])
     try:
         dense = torch.load(dense_file, weights_only=True, map_location="cpu")
     except Exception as e:  # torch raises several types for a bad file
         raise CheckpointError(f"Cannot read {dense_file}: {e}.") from None
-    state = _dense_plan(model, dense.get("model", {}), partial, report, dense_file)
-    rng = None
-    worker_rel = os.path.join("workers", f"rank-{rank}.json")
-    if int(manifest["world_size"]) == world and worker_rel in manifest["files"]:
-        worker = _read_worker(_check_file(path, worker_rel, manifest["files"][worker_rel]))
-        report.position = worker.get("position")
-        rng = worker.get("torch_rng")
-    # ---- apply: fresh tables, this worker's buckets of every part, dense state
+    if not isinstance(dense, dict):
+        raise CheckpointError(f"{dense_file} does not hold a dict of dense state.")
+    return dense_file, dense
+
+
+def _read_worker_state(
+    path: str, manifest: dict[str, Any], ps: Any, report: LoadReport
+) -> str | None:
+    """This worker's input position (into ``report``) and torch RNG state, when the
+    checkpoint was written by as many workers (otherwise positions do not apply)."""
+    worker_rel = os.path.join("workers", f"rank-{ps.rank}.json")
+    if int(manifest["world_size"]) != ps.world_size or worker_rel not in manifest["files"]:
+        return None
+    worker = _read_worker(_check_file(path, worker_rel, manifest["files"][worker_rel]))
+    report.position = worker.get("position")
+    rng = worker.get("torch_rng")
+    return rng if isinstance(rng, str) else None
+
+
+def _apply_tables(
+    model: Model,
+    parts: dict[str, list[tuple[str, dict[str, Any]]]],
+    mine: np.ndarray,
+    report: LoadReport,
+) -> None:
+    """Fresh tables, filled with this worker's buckets of every verified part."""
     model.build_tables()
-    for name, reads in parts_to_read.items():
+    for name, reads in parts.items():
         table = model.tables[name]
         for part_dir, header in reads:
             table_files.load_into(table, part_dir, buckets=mine, verified=header)
         report.loaded.append(f"table {name}")
     for table in model.tables.values():
         table.generation = report.generation + 1
+
+
+def _apply_dense(
+    model: Model,
+    state: dict[str, torch.Tensor],
+    dense: dict[str, Any],
+    dense_file: str,
+    partial: bool,
+    report: LoadReport,
+) -> None:
+    """Dense parameters and optimizer state, then the same on every worker."""
     model.load_state_dict(state, strict=not partial)
     if model.optimizer is not None and "optimizer" in dense and not report.initialized:
         try:
@@ -705,12 +763,7 @@ def load(
                     f"{dense_file}: the dense optimizer state does not fit: {e}."
                 ) from None
             report.initialized.append("dense optimizer state")
-    ps.broadcast_parameters([*model.parameters(), *model.buffers()])
-    if rng is not None:  # dropout and other torch randomness continue as if never stopped
-        rng_bytes = np.frombuffer(base64.b64decode(rng), dtype=np.uint8).copy()
-        torch.set_rng_state(torch.from_numpy(rng_bytes))
-    report.resume = dict(manifest.get("resume") or {})
-    return report
+    model.ps.broadcast_parameters([*model.parameters(), *model.buffers()])
 
 
 def _read_worker(fname: str) -> dict[str, Any]:
