@@ -8,7 +8,7 @@ One pristine tree is built per module::
       d1/1/...             generation 1 (after day 1)
       d2/2/...             generation 2 (after day 2, with resume state and a reader position)
     table/                 a SparseTable (Adam) saved with table.save(path)
-    table_txt/             the same table saved with format="txt"
+    table_txt/             the same table saved with storage="txt"
 
 The damage is generated, not listed: for every file of the tree (whatever the
 save wrote), seeded single-bit flips at random offsets, truncations at random
@@ -106,7 +106,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
     )
     table = _plain_table()
     table.save(os.path.join(root, "table"))
-    table.save(os.path.join(root, "table_txt"), format="txt")
+    table.save(os.path.join(root, "table_txt"), storage="txt")
     both = np.intersect1d(model.tables["emb"].rows()["keys"], model.tables["wide"].rows()["keys"])
     ROW_KEY[0] = int(both[len(both) // 2])
     files = {}

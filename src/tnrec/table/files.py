@@ -1,6 +1,6 @@
 """Table files: one ``.npy`` per array plus a JSON header, written atomically.
 
-Directory layout (``format="npy"``)::
+Directory layout (``storage="npy"``)::
 
     path/
       table.json        header: format version, name, dim, seed, initializer, optimizer,
@@ -11,7 +11,7 @@ Directory layout (``format="npy"``)::
       show.npy click.npy  float32[n]
       unseen_days.npy marker.npy  int32[n]
 
-``format="txt"`` writes ``rows.txt`` instead of the ``.npy`` files: one key per
+``storage="txt"`` writes ``rows.txt`` instead of the ``.npy`` files: one key per
 line -- key, weights, optimizer state, show, click, unseen days, marker --
 floats as ``%.9g``, which is enough digits for a float32 to read back exactly.
 
@@ -110,7 +110,7 @@ def save(
     table: TableRows,
     path: str,
     *,
-    format: str = "npy",
+    storage: str = "npy",
     bucket_range: tuple[int, int] | None = None,
     order: str = "key",
 ) -> None:
@@ -120,11 +120,11 @@ def save(
     ``bucket_offsets.npy`` (``int64[1025]``: bucket ``b`` holds rows
     ``offsets[b]:offsets[b+1]``), so a loader can read only some buckets.
     """
-    if format not in ("npy", "txt"):
-        raise ArgumentError(f"`format` must be 'npy' or 'txt'. Received: format={format!r}.")
-    if order not in ("key", "bucket") or (order == "bucket" and format != "npy"):
+    if storage not in ("npy", "txt"):
+        raise ArgumentError(f"`storage` must be 'npy' or 'txt'. Received: storage={storage!r}.")
+    if order not in ("key", "bucket") or (order == "bucket" and storage != "npy"):
         raise ArgumentError(
-            f"`order` must be 'key', or 'bucket' with format='npy'. Received: order={order!r}."
+            f"`order` must be 'key', or 'bucket' with storage='npy'. Received: order={order!r}."
         )
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not os.path.isfile(os.path.join(path, HEADER)):
@@ -159,7 +159,7 @@ def save(
     _fileio.makedirs(tmp)
     try:
         checksums: dict[str, str] = {}
-        if format == "npy":
+        if storage == "npy":
             names = _array_names(table) + (["bucket_offsets"] if offsets is not None else [])
             for name in names:
                 fname = f"{name}.npy"
@@ -175,7 +175,7 @@ def save(
         header = header_of(table)
         header.update(
             {
-                "storage": format,
+                "storage": storage,
                 "count": int(keys.shape[0]),
                 "bucket_range": list(bucket_range) if bucket_range is not None else None,
                 "num_buckets": NUM_BUCKETS,

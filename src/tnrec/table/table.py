@@ -560,17 +560,17 @@ class SparseTable:
 
     # ------------------------------------------------------------------ files
 
-    def save(self, path: str, format: str = "npy") -> None:
+    def save(self, path: str, storage: str = "npy") -> None:
         """Save every row to directory ``path`` atomically (see :mod:`tnrec.table.files`)."""
         from tnrec.table import files
 
-        files.save(self, path, format=format)
+        files.save(self, path, storage=storage)
 
-    def save_range(self, path: str, lo: int, hi: int, format: str = "npy") -> None:
+    def save_range(self, path: str, lo: int, hi: int, storage: str = "npy") -> None:
         """Save the rows whose ``bucket_of(key)`` is in ``[lo, hi)`` to ``path`` atomically."""
         from tnrec.table import files
 
-        files.save(self, path, format=format, bucket_range=(lo, hi))
+        files.save(self, path, storage=storage, bucket_range=(lo, hi))
 
     @classmethod
     def load(

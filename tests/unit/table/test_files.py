@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from tests.unit.keys import INT64_MAX, INT64_MIN
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
@@ -15,9 +16,6 @@ from tnrec.errors import (
 )
 from tnrec.table import SGD, AdaGrad, Adam, EvictionPolicy, Ftrl, SparseTable, bucket_of, uniform
 from tnrec.table import files as table_files
-
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
 
 
 def trained_table(opt, n=3000, dim=5, seed=3):
@@ -34,8 +32,8 @@ def trained_table(opt, n=3000, dim=5, seed=3):
     keys = np.unique(
         np.concatenate(
             [
-                rng.integers(I64_MIN, I64_MAX, size=n, dtype=np.int64),
-                np.array([0, -1, I64_MIN, I64_MAX], dtype=np.int64),
+                rng.integers(INT64_MIN, INT64_MAX, size=n, dtype=np.int64),
+                np.array([0, -1, INT64_MIN, INT64_MAX], dtype=np.int64),
             ]
         )
     )
@@ -60,15 +58,19 @@ def assert_same_rows(a, b):
         np.testing.assert_array_equal(ra[name], rb[name], err_msg=name)
 
 
-OPTS = [SGD(0.1), AdaGrad(0.05, initial_g2sum=0.1), Adam(0.01), Ftrl(0.05, l1=0.01)]
-IDS = ["sgd", "adagrad", "adam", "ftrl"]
+OPTS = [
+    pytest.param(SGD(0.1), id="sgd"),
+    pytest.param(AdaGrad(0.05, initial_g2sum=0.1), id="adagrad"),
+    pytest.param(Adam(0.01), id="adam"),
+    pytest.param(Ftrl(0.05, l1=0.01), id="ftrl"),
+]
 
 
 @pytest.mark.parametrize("fmt", ["npy", "txt"])
-@pytest.mark.parametrize("opt", OPTS, ids=IDS)
+@pytest.mark.parametrize("opt", OPTS)
 def test_round_trip_is_bit_exact(tmp_path, opt, fmt):
     t = trained_table(opt)
-    t.save(tmp_path / "tbl", format=fmt)
+    t.save(tmp_path / "tbl", storage=fmt)
     back = SparseTable.load(tmp_path / "tbl")
     assert_same_rows(t, back)
     assert (back.name, back.dim, back.seed, back.generation) == ("item", 5, 3, 3)
@@ -102,7 +104,7 @@ def test_npy_files_are_sorted_and_plain(tmp_path):
 def test_empty_table_round_trip(tmp_path):
     for fmt in ("npy", "txt"):
         t = SparseTable(3, AdaGrad(), name="e")
-        t.save(tmp_path / fmt, format=fmt)
+        t.save(tmp_path / fmt, storage=fmt)
         back = SparseTable.load(tmp_path / fmt)
         assert len(back) == 0 and back.dim == 3
 
@@ -176,8 +178,10 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     with pytest.raises(ArgumentError, match="not a saved table"):
         SparseTable(2, SGD(), name="x").save(tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
-    with pytest.raises(ArgumentError, match="format"):
-        SparseTable(2, SGD(), name="x").save(tmp_path / "y", format="parquet")
+    with pytest.raises(
+        ArgumentError, match=r"`storage` must be 'npy' or 'txt'\. Received: storage='parquet'"
+    ):
+        SparseTable(2, SGD(), name="x").save(tmp_path / "y", storage="parquet")
 
 
 @pytest.fixture
@@ -304,4 +308,4 @@ def test_bucket_order_lets_a_loader_read_only_its_buckets(tmp_path):
         for name, arr in part.rows().items():
             np.testing.assert_array_equal(arr, full[name], err_msg=name)
     with pytest.raises(ArgumentError, match="`order` must be 'key', or 'bucket'"):
-        table_files.save(t, str(tmp_path / "x"), format="txt", order="bucket")
+        table_files.save(t, str(tmp_path / "x"), storage="txt", order="bucket")

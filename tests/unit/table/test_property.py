@@ -35,6 +35,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from tests.unit.keys import INT64_MAX, INT64_MIN
+from tests.unit.table.table_common import ATOL, RTOL
 from tnrec.errors import NonFiniteError, TableKeyError
 from tnrec.table import (
     NUM_BUCKETS,
@@ -48,12 +50,8 @@ from tnrec.table import (
     zeros,
 )
 
-INT64_MIN = int(np.iinfo(np.int64).min)
-INT64_MAX = int(np.iinfo(np.int64).max)
 KEY_POOL = [0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1, 2**32, -(2**40) + 3, 977]
 
-RTOL = 1e-6
-ATOL = 1e-7  # one float32 ulp of weights of order 1, for values that cancel to ~0
 EPSILON = 1e-8  # AdaGrad's
 NAME, SEED = "prop", 3
 
@@ -332,7 +330,7 @@ class TableMachine(RuleBasedStateMachine):
         if not same_dir:
             self.saves += 1
         path = str(self.tmp / f"save{self.saves}")  # same_dir: overwrite the last save
-        self.table.save(path, format=fmt)
+        self.table.save(path, storage=fmt)
         before = _snapshot(self.table)
 
         loaded = SparseTable.load(path)
