@@ -26,38 +26,12 @@ PACKAGE_DIR = Path(tnrec.__file__).resolve().parent
 
 OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
-_BUSY = "being moved or rewritten concurrently"
-
-#: Modules whose doctests do not run yet, each with the reason (pytest reports
-#: them as skipped). A package's name also excludes its modules. The engineer
-#: moving or rewriting these files empties this set when that work lands.
-EXCLUDED: dict[str, str] = {
-    "tnrec.cli": "the CLI package (from cli.py, models/config.py, models/artifacts.py, "
-    "inspection.py) is being reworked",
-    "tnrec._hashing": "moved from table/keyhash.py, being reworked",
-    "tnrec.checkpoint": _BUSY,
-    "tnrec.export": _BUSY,
-    "tnrec.model": _BUSY,
-    "tnrec.table.files": _BUSY,
-    "tnrec.table.table": _BUSY,
-    "tnrec.feature_column._hash": _BUSY,
-    "tnrec._fileio": _BUSY,
-    "tnrec.errors": _BUSY,
-}
-
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
-
-
-def _excluded_by(name: str) -> str | None:
-    for excluded, why in EXCLUDED.items():
-        if name == excluded or name.startswith(excluded + "."):
-            return why
-    return None
 
 
 def _modules() -> list[tuple[str, Path]]:
@@ -71,9 +45,7 @@ def _modules() -> list[tuple[str, Path]]:
 def _params() -> list[pytest.param]:
     params = []
     for name, path in _modules():
-        why = _excluded_by(name)
-        marks = [pytest.mark.skip(reason=f"EXCLUDED: {why}")] if why else []
-        params.append(pytest.param(name, path, id=name, marks=marks))
+        params.append(pytest.param(name, path, id=name))
     return params
 
 
@@ -90,8 +62,6 @@ def _prompt_count(path: Path) -> int:
 def test_modules_found() -> None:
     names = {name for name, _ in _modules()}
     assert {"tnrec", "tnrec.data", "tnrec.data.reader"} <= names, names
-    stale = sorted(set(EXCLUDED) - names)
-    assert not stale, f"EXCLUDED names modules that do not exist (moved?): {stale}"
 
 
 @pytest.mark.parametrize(("name", "path"), _params())
