@@ -35,8 +35,8 @@ The package: :mod:`~tnrec.cli.entry` (the parser), :mod:`~tnrec.cli.train`,
 """
 
 from tnrec.cli.demo import demo
-from tnrec.cli.inspection import inspect
 from tnrec.cli.entry import main
+from tnrec.cli.inspection import inspect
 from tnrec.cli.run import evaluate, export, predict
 from tnrec.cli.train import train
 
