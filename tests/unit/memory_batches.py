@@ -2,10 +2,8 @@
 
 import numpy as np
 
+from tests.unit.keys import INT64_MAX, INT64_MIN
 from tnrec.data.batch import Batch, Jagged
-
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
 
 
 def jagged(bags):
@@ -42,9 +40,9 @@ def synthetic_batches(n_batches, batch_size, seed=0, weights=False):
     draws the rows), so batches of two seeds are train and test of one problem.
     """
     rng = np.random.default_rng(12345)
-    special = np.array([I64_MIN, I64_MAX, -1, 0], dtype=np.int64)
-    user_keys = np.concatenate([special, rng.integers(I64_MIN, I64_MAX, 60, dtype=np.int64)])
-    item_keys = rng.integers(I64_MIN, I64_MAX, 40, dtype=np.int64)
+    special = np.array([INT64_MIN, INT64_MAX, -1, 0], dtype=np.int64)
+    user_keys = np.concatenate([special, rng.integers(INT64_MIN, INT64_MAX, 60, dtype=np.int64)])
+    item_keys = rng.integers(INT64_MIN, INT64_MAX, 40, dtype=np.int64)
     tag_keys = np.arange(1, 31, dtype=np.int64)
     user_w = rng.normal(size=user_keys.shape[0])
     item_w = rng.normal(size=item_keys.shape[0])

@@ -13,29 +13,24 @@ import pytest
 
 import tnrec.data as td
 import tnrec.feature_column as fc
+from tests.unit.data.data_common import read_all
 from tnrec.errors import DataError
 
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def read_all(reader: td.Reader) -> td.Batch:
-    parts = list(reader)
-    return td.Batch.concat(parts) if parts else reader.empty_batch()
-
-
 @pytest.mark.parametrize(
     ("value", "what"),
     [
-        ("1e308", r"is not finite as float32 \(the model's dtype\)"),
-        ("-1e308", r"is not finite as float32"),
-        ("3.5e38", r"is not finite as float32"),
-        ("inf", r"is not a finite number"),
-        ("-Infinity", r"is not a finite number"),
-        ("nan", r"is not a finite number"),
-        ("-NaN", r"is not a finite number"),
-        ("nan(1)", r"is not a finite number"),
+        pytest.param("1e308", r"is not finite as float32 \(the model's dtype\)", id="1e308"),
+        pytest.param("-1e308", r"is not finite as float32", id="-1e308"),
+        pytest.param("3.5e38", r"is not finite as float32", id="3.5e38"),
+        pytest.param("inf", r"is not a finite number", id="inf"),
+        pytest.param("-Infinity", r"is not a finite number", id="-inf"),
+        pytest.param("nan", r"is not a finite number", id="nan"),
+        pytest.param("-NaN", r"is not a finite number", id="-nan"),
+        pytest.param("nan(1)", r"is not a finite number", id="nan-payload"),
     ],
-    ids=["1e308", "-1e308", "3.5e38", "inf", "-inf", "nan", "-nan", "nan-payload"],
 )
 def test_csv_numeric_beyond_float32_is_a_bad_row(tmp_path: Path, value: str, what: str):
     p = tmp_path / "a.csv"
@@ -94,13 +89,12 @@ def test_label_and_weight_beyond_float32(tmp_path: Path):
 @pytest.mark.parametrize(
     ("value", "ok"),
     [
-        ("9223372036854775807", True),
-        ("-9223372036854775808", True),
-        ("9223372036854775808", False),
-        ("-9223372036854775809", False),
-        ("99999999999999999999999", False),
+        pytest.param("9223372036854775807", True, id="max"),
+        pytest.param("-9223372036854775808", True, id="min"),
+        pytest.param("9223372036854775808", False, id="max+1"),
+        pytest.param("-9223372036854775809", False, id="min-1"),
+        pytest.param("99999999999999999999999", False, id="huge"),
     ],
-    ids=["max", "min", "max+1", "min-1", "huge"],
 )
 def test_int64_edges_in_an_int_column(tmp_path: Path, value: str, ok: bool):
     p = tmp_path / "a.csv"

@@ -13,12 +13,8 @@ import pytest
 import tnrec.data as td
 import tnrec.feature_column as fc
 from tests.unit.data.criteo_rows import make_rows, write_csv, write_parquet, write_tsv
+from tests.unit.data.data_common import read_all
 from tnrec.errors import ArgumentError, DataError, SpecError
-
-
-def read_all(reader: td.Reader) -> td.Batch:
-    parts = list(reader)
-    return td.Batch.concat(parts) if parts else reader.empty_batch()
 
 
 @pytest.fixture
@@ -128,15 +124,21 @@ def test_embedding_columns_are_unwrapped_and_bucketized_are_sparse(tmp_path: Pat
 @pytest.mark.parametrize(
     ("line", "match"),
     [
-        ("1\t2", r'file ".*bad.tsv", line 3: expected 40 fields, got 2'),
-        (
+        pytest.param(
+            "1\t2", r'file ".*bad.tsv", line 3: expected 40 fields, got 2', id="field-count"
+        ),
+        pytest.param(
             "1" + "\tx" * 39,
             r'file ".*bad.tsv", line 3: column "I1": value \'x\' is not a finite number',
+            id="number",
         ),
-        ("" + "\t1" * 13 + "\ta" * 26, r"line 3: column \"label\": value '' is not present"),
-        ("", r"line 3: column \"label\""),
+        pytest.param(
+            "" + "\t1" * 13 + "\ta" * 26,
+            r"line 3: column \"label\": value '' is not present",
+            id="missing-label",
+        ),
+        pytest.param("", r"line 3: column \"label\"", id="blank-line"),
     ],
-    ids=["field-count", "number", "missing-label", "blank-line"],
 )
 def test_bad_rows_raise_naming_file_and_line(tmp_path: Path, line: str, match: str):
     rows = make_rows(4, seed=1)
@@ -242,12 +244,19 @@ def test_list_files_and_globs(tmp_path: Path, rows):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"batch_size": 0}, r"`batch_size` must be an int >= 1. Received: batch_size=0."),
-        ({"prefetch": -1}, r"`prefetch` must be an int >= 0"),
-        ({"shuffle_buffer_rows": 0}, r"`shuffle_buffer_rows` must be an int >= 1"),
-        ({"on_bad_row": "ignore"}, r'`on_bad_row` must be "raise" or "skip"'),
+        pytest.param(
+            {"batch_size": 0},
+            r"`batch_size` must be an int >= 1. Received: batch_size=0.",
+            id="batch_size",
+        ),
+        pytest.param({"prefetch": -1}, r"`prefetch` must be an int >= 0", id="prefetch"),
+        pytest.param(
+            {"shuffle_buffer_rows": 0}, r"`shuffle_buffer_rows` must be an int >= 1", id="buffer"
+        ),
+        pytest.param(
+            {"on_bad_row": "ignore"}, r'`on_bad_row` must be "raise" or "skip"', id="on_bad_row"
+        ),
     ],
-    ids=["batch_size", "prefetch", "buffer", "on_bad_row"],
 )
 def test_reader_argument_errors(tmp_path: Path, rows, kwargs, match):
     p = write_tsv(tmp_path / "d.tsv", rows)

@@ -13,17 +13,13 @@ import pytest
 
 import tnrec.data as td
 import tnrec.feature_column as fc
+from tests.unit.data.data_common import read_all
 from tnrec.data.files import Unit
 from tnrec.data.text import TextSource, split_line
 from tnrec.errors import DataError
 
 U = fc.category_column("u", dtype="str")
 N = fc.numeric_column("n")
-
-
-def read_all(reader: td.Reader) -> td.Batch:
-    parts = list(reader)
-    return td.Batch.concat(parts) if parts else reader.empty_batch()
 
 
 def keys(*values: str) -> list[int]:
@@ -64,7 +60,15 @@ def test_two_stray_quotes_do_not_merge_the_lines_between(tmp_path: Path):
     assert b.label().tolist() == [0.0, 0.0, 0.0, 1.0]
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 7, 16, 1 << 20], ids=["1B", "7B", "16B", "1MiB"])
+@pytest.mark.parametrize(
+    "chunk_bytes",
+    [
+        pytest.param(1, id="1B"),
+        pytest.param(7, id="7B"),
+        pytest.param(16, id="16B"),
+        pytest.param(1 << 20, id="1MiB"),
+    ],
+)
 def test_open_quote_at_a_block_end_and_file_end(tmp_path: Path, chunk_bytes: int):
     # The sentinel line catches a quote left open on a block's last line.
     p = write(tmp_path / "q.csv", b'u,label\na,0\nb,"0\nc,1\n"d,1')
@@ -105,8 +109,10 @@ def test_too_few_fields_names_the_first_absent_column(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("reader", "path"),
-    [("csv", "u.csv"), ("criteo", "u.tsv")],
-    ids=["csv", "criteo"],
+    [
+        pytest.param("csv", "u.csv", id="csv"),
+        pytest.param("criteo", "u.tsv", id="criteo"),
+    ],
 )
 def test_invalid_utf8_loses_only_its_row(tmp_path: Path, reader: str, path: str):
     rows = [["0", *(["1"] * 13), *(["a"] * 26)] for _ in range(5)]
@@ -221,11 +227,10 @@ def test_empty_csv_with_a_header_is_named(tmp_path: Path):
 @pytest.mark.parametrize(
     ("data", "what"),
     [
-        (gzip.compress(b"u,label\na,0\n"), "gzip-compressed"),
-        (b"BZh91AY&SY\x00\x01", "bzip2-compressed"),
-        ("u,label\na,0\n".encode("utf-16"), "UTF-16 text"),
+        pytest.param(gzip.compress(b"u,label\na,0\n"), "gzip-compressed", id="gzip"),
+        pytest.param(b"BZh91AY&SY\x00\x01", "bzip2-compressed", id="bzip2"),
+        pytest.param("u,label\na,0\n".encode("utf-16"), "UTF-16 text", id="utf16"),
     ],
-    ids=["gzip", "bzip2", "utf16"],
 )
 def test_compressed_and_utf16_files_are_named(tmp_path: Path, data: bytes, what: str):
     p = write(tmp_path / "c.csv", data)

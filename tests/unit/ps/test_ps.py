@@ -5,37 +5,36 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.keys import INT64_MAX, INT64_MIN
 from tnrec.distribute import launch_env
 from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.ps import LocalPS, owner_of, unique_inverse
 from tnrec.table import SGD, SparseTable, bucket_of
 
-I64_MIN, I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-KEYS = np.array([0, 1, -1, I64_MIN, I64_MAX], dtype=np.int64)  # buckets 431 193 32 987 679
+KEYS = np.array([0, 1, -1, INT64_MIN, INT64_MAX], dtype=np.int64)  # buckets 431 193 32 987 679
 
 
 @pytest.mark.parametrize(
     ("world", "owners"),
     [
-        (1, [0, 0, 0, 0, 0]),
-        (2, [1, 1, 0, 1, 1]),
-        (3, [2, 1, 2, 0, 1]),
-        (4, [3, 1, 0, 3, 3]),
-        (5, [1, 3, 2, 2, 4]),
+        pytest.param(1, [0, 0, 0, 0, 0], id="W1"),
+        pytest.param(2, [1, 1, 0, 1, 1], id="W2"),
+        pytest.param(3, [2, 1, 2, 0, 1], id="W3"),
+        pytest.param(4, [3, 1, 0, 3, 3], id="W4"),
+        pytest.param(5, [1, 3, 2, 2, 4], id="W5"),
     ],
-    ids=["W1", "W2", "W3", "W4", "W5"],
 )
 def test_owner_is_pinned(world, owners):
     assert owner_of(KEYS, world).tolist() == owners
 
 
-@given(st.lists(st.integers(I64_MIN, I64_MAX), max_size=40), st.integers(1, 64))
+@given(st.lists(st.integers(INT64_MIN, INT64_MAX), max_size=40), st.integers(1, 64))
 def test_owner_is_bucket_mod_world(values, world):
     keys = np.array(values, dtype=np.int64)
     np.testing.assert_array_equal(owner_of(keys, world), bucket_of(keys) % world)
 
 
-@given(st.lists(st.integers(-5, 5) | st.sampled_from([I64_MIN, I64_MAX]), max_size=60))
+@given(st.lists(st.integers(-5, 5) | st.sampled_from([INT64_MIN, INT64_MAX]), max_size=60))
 def test_unique_inverse_round_trip_keeps_first_occurrence_order(values):
     keys = np.array(values, dtype=np.int64)
     uniq, inverse = unique_inverse(keys)

@@ -20,17 +20,9 @@ import numpy.typing as npt
 import pytest
 import torch
 
+from tests.unit.keys import INT64_MAX, INT64_MIN
+from tests.unit.table.table_common import ATOL, RTOL
 from tnrec.table import SGD, AdaGrad, Adam, EvictionPolicy, Ftrl, SparseTable, normal, zeros
-
-INT64_MIN = np.iinfo(np.int64).min
-INT64_MAX = np.iinfo(np.int64).max
-
-# Reference vs table: both do float64 math on the same float32 inputs, so they
-# agree to the last float32 bit except for an occasional 1-ulp rounding
-# difference (operation order); atol only covers such an ulp on weights that
-# later cancel to ~0.
-RTOL = 1e-6
-ATOL = 1e-7
 
 
 def _keys(*values: int) -> npt.NDArray[np.int64]:

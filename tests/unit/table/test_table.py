@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from tests.unit.keys import INT64_MAX, INT64_MIN
 from tnrec.errors import ArgumentError, NonFiniteError, TableKeyError
 from tnrec.table import (
     SGD,
@@ -16,9 +17,7 @@ from tnrec.table import (
     zeros,
 )
 
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
-EXTREME = np.array([0, -1, I64_MIN, I64_MAX, 1, I64_MIN + 1, I64_MAX - 1], dtype=np.int64)
+EXTREME = np.array([0, -1, INT64_MIN, INT64_MAX, 1, INT64_MIN + 1, INT64_MAX - 1], dtype=np.int64)
 
 
 def f32(*shape, value=1.0):
@@ -44,7 +43,7 @@ def test_pull_create_false_reads_zeros_and_creates_nothing():
     t = make()
     t.pull(np.array([5], dtype=np.int64))
     before = t.rows()
-    w = t.pull(np.array([5, 6, I64_MIN], dtype=np.int64), create=False)
+    w = t.pull(np.array([5, 6, INT64_MIN], dtype=np.int64), create=False)
     np.testing.assert_array_equal(w[1:], 0.0)
     assert np.abs(w[0]).sum() > 0
     assert len(t) == 1
@@ -64,7 +63,7 @@ def test_empty_pull_and_push():
 def test_growth_across_resizes_keeps_every_key_and_vector():
     t = make(dim=3, initializer=uniform(1.0))
     rng = np.random.default_rng(1)
-    keys = np.unique(rng.integers(I64_MIN, I64_MAX, size=60_000, dtype=np.int64))
+    keys = np.unique(rng.integers(INT64_MIN, INT64_MAX, size=60_000, dtype=np.int64))
     first = t.pull(keys[:500]).copy()
     for part in np.array_split(keys[500:], 7):  # index grows from 1024 slots several times
         t.pull(part)
@@ -76,7 +75,7 @@ def test_growth_across_resizes_keeps_every_key_and_vector():
 
 
 def test_initial_vector_is_a_function_of_seed_name_key_only():
-    keys = np.array([3, 1, I64_MAX, -7], dtype=np.int64)
+    keys = np.array([3, 1, INT64_MAX, -7], dtype=np.int64)
     a = make(name="user", seed=11)
     a.pull(np.arange(100, dtype=np.int64))  # other keys first, other order
     b = make(name="user", seed=11)
@@ -90,12 +89,11 @@ def test_initial_vector_is_a_function_of_seed_name_key_only():
 @pytest.mark.parametrize(
     ("init", "dim", "mean", "std"),
     [
-        (normal(1.0), 16, 0.0, 0.25),
-        (normal(2.0), 4, 0.0, 1.0),
-        (uniform(0.5), 8, 0.0, 0.5 / np.sqrt(3)),
-        (zeros(), 8, 0.0, 0.0),
+        pytest.param(normal(1.0), 16, 0.0, 0.25, id="normal-16"),
+        pytest.param(normal(2.0), 4, 0.0, 1.0, id="normal-scale2"),
+        pytest.param(uniform(0.5), 8, 0.0, 0.5 / np.sqrt(3), id="uniform"),
+        pytest.param(zeros(), 8, 0.0, 0.0, id="zeros"),
     ],
-    ids=["normal-16", "normal-scale2", "uniform", "zeros"],
 )
 def test_initializer_distribution(init, dim, mean, std):
     t = make(dim=dim, initializer=init)
@@ -170,13 +168,18 @@ def test_show_decay_zero_days_is_identity_and_rejects_negative():
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
-        (EvictionPolicy(), []),
-        (EvictionPolicy(show_threshold=1.5), [1, 3]),
-        (EvictionPolicy(max_unseen_days=2), [3, 4]),
-        (EvictionPolicy(show_threshold=1.5, max_unseen_days=2, combine="any"), [1, 3, 4]),
-        (EvictionPolicy(show_threshold=1.5, max_unseen_days=2, combine="all"), [3]),
+        pytest.param(EvictionPolicy(), [], id="default-none"),
+        pytest.param(EvictionPolicy(show_threshold=1.5), [1, 3], id="show"),
+        pytest.param(EvictionPolicy(max_unseen_days=2), [3, 4], id="days"),
+        pytest.param(
+            EvictionPolicy(show_threshold=1.5, max_unseen_days=2, combine="any"),
+            [1, 3, 4],
+            id="any",
+        ),
+        pytest.param(
+            EvictionPolicy(show_threshold=1.5, max_unseen_days=2, combine="all"), [3], id="all"
+        ),
     ],
-    ids=["default-none", "show", "days", "any", "all"],
 )
 def test_evict_by_policy(policy, expected):
     # key:         1      2      3      4
@@ -213,8 +216,12 @@ def test_evicted_rows_are_reused():
 
 @pytest.mark.parametrize(
     "opt",
-    [SGD(), AdaGrad(), Adam(), Ftrl()],
-    ids=["sgd", "adagrad", "adam", "ftrl"],
+    [
+        pytest.param(SGD(), id="sgd"),
+        pytest.param(AdaGrad(), id="adagrad"),
+        pytest.param(Adam(), id="adam"),
+        pytest.param(Ftrl(), id="ftrl"),
+    ],
 )
 def test_stats_bytes_per_key(opt):
     t = make(dim=8, opt=opt)
@@ -252,40 +259,54 @@ def _push_fault(t, keys, grads=None, show=None, click=None):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"keys": [1, 9, 8]}, TableKeyError, r"2 unknown and 0 duplicate key\(s\) among 3"),
-        ({"keys": [1, 2, 1, 1]}, TableKeyError, r"0 unknown and 2 duplicate key\(s\) among 4"),
-        (
+        pytest.param(
+            {"keys": [1, 9, 8]},
+            TableKeyError,
+            r"2 unknown and 0 duplicate key\(s\) among 3",
+            id="unknown",
+        ),
+        pytest.param(
+            {"keys": [1, 2, 1, 1]},
+            TableKeyError,
+            r"0 unknown and 2 duplicate key\(s\) among 4",
+            id="duplicate",
+        ),
+        pytest.param(
             {"keys": [1, 2], "grads": np.array([[np.nan, 0, 0, 0], [0, 0, np.inf, 0]], np.float32)},
             NonFiniteError,
             r"2 key\(s\) with a NaN or infinite gradient",
+            id="nan-grad",
         ),
-        (
+        pytest.param(
             {"keys": [1, 2], "show": np.array([1, np.inf], np.float32)},
             NonFiniteError,
             r"1 key\(s\)",
+            id="inf-show",
         ),
-        (
+        pytest.param(
             {"keys": [1, 2], "grads": f32(2, 3)},
             ArgumentError,
             r"`grads` must be a float32 array of shape \(2, 4\)",
+            id="grad-shape",
         ),
-        ({"keys": [1, 2], "grads": np.ones((2, 4))}, ArgumentError, "dtype=float64"),
-        (
+        pytest.param(
+            {"keys": [1, 2], "grads": np.ones((2, 4))},
+            ArgumentError,
+            "dtype=float64",
+            id="grad-dtype",
+        ),
+        pytest.param(
             {"keys": [1, 2], "show": f32(3)},
             ArgumentError,
             r"`show` must be a float32 array of shape \(2,\)",
+            id="show-shape",
         ),
-        ({"keys": [1, 2], "click": np.ones(2, np.int32)}, ArgumentError, "`click`"),
-    ],
-    ids=[
-        "unknown",
-        "duplicate",
-        "nan-grad",
-        "inf-show",
-        "grad-shape",
-        "grad-dtype",
-        "show-shape",
-        "click-dtype",
+        pytest.param(
+            {"keys": [1, 2], "click": np.ones(2, np.int32)},
+            ArgumentError,
+            "`click`",
+            id="click-dtype",
+        ),
     ],
 )
 def test_push_errors_leave_table_unchanged(kwargs, error, match):
@@ -317,51 +338,47 @@ def test_push_unchecked_matches_push_and_reports_unknown_as_internal_error():
 @pytest.mark.parametrize(
     ("build", "match"),
     [
-        (
+        pytest.param(
             lambda: SparseTable(0, SGD(), name="u"),
             r'Table "u": `dimension`|Table "u": `dim` must be a positive int. Received: dim=0',
+            id="dim",
         ),
-        (
+        pytest.param(
             lambda: SparseTable(4, "adagrad", name="u"),
             "`optimizer` must be a sparse optimizer config",
+            id="optimizer",
         ),
-        (lambda: SparseTable(4, SGD(), name=""), "non-empty str"),
-        (lambda: SparseTable(4, SGD(), name="u", seed=1.5), "`seed` must be an int"),
-        (lambda: SparseTable(4, SGD(), name="u", initializer="normal"), "`initializer`"),
-        (lambda: SparseTable(4, SGD(), name="u", policy={}), "`policy` must be an EvictionPolicy"),
-        (
+        pytest.param(lambda: SparseTable(4, SGD(), name=""), "non-empty str", id="name"),
+        pytest.param(
+            lambda: SparseTable(4, SGD(), name="u", seed=1.5), "`seed` must be an int", id="seed"
+        ),
+        pytest.param(
+            lambda: SparseTable(4, SGD(), name="u", initializer="normal"),
+            "`initializer`",
+            id="initializer",
+        ),
+        pytest.param(
+            lambda: SparseTable(4, SGD(), name="u", policy={}),
+            "`policy` must be an EvictionPolicy",
+            id="policy",
+        ),
+        pytest.param(
             lambda: SGD(learning_rate=0),
             r"SGD: `learning_rate` must be a positive finite number. Received: learning_rate=0",
+            id="lr",
         ),
-        (lambda: AdaGrad(epsilon=-1), "AdaGrad: `epsilon`"),
-        (lambda: Adam(beta1=1.0), r"Adam: `beta1` must be in \[0, 1\)"),
-        (lambda: Adam(bias_correction=1), "bias_correction"),
-        (lambda: Ftrl(l1=-0.1), "Ftrl: `l1`"),
-        (lambda: normal(-1), "normal"),
-        (lambda: uniform(float("nan")), "uniform"),
-        (lambda: EvictionPolicy(show_decay_rate=0), "show_decay_rate"),
-        (lambda: EvictionPolicy(max_unseen_days=-1), "max_unseen_days"),
-        (lambda: EvictionPolicy(show_threshold=float("inf")), "show_threshold"),
-        (lambda: EvictionPolicy(combine="either"), "combine"),
-    ],
-    ids=[
-        "dim",
-        "optimizer",
-        "name",
-        "seed",
-        "initializer",
-        "policy",
-        "lr",
-        "eps",
-        "beta1",
-        "bias-correction",
-        "l1",
-        "normal",
-        "uniform",
-        "decay",
-        "days",
-        "threshold",
-        "combine",
+        pytest.param(lambda: AdaGrad(epsilon=-1), "AdaGrad: `epsilon`", id="eps"),
+        pytest.param(lambda: Adam(beta1=1.0), r"Adam: `beta1` must be in \[0, 1\)", id="beta1"),
+        pytest.param(lambda: Adam(bias_correction=1), "bias_correction", id="bias-correction"),
+        pytest.param(lambda: Ftrl(l1=-0.1), "Ftrl: `l1`", id="l1"),
+        pytest.param(lambda: normal(-1), "normal", id="normal"),
+        pytest.param(lambda: uniform(float("nan")), "uniform", id="uniform"),
+        pytest.param(lambda: EvictionPolicy(show_decay_rate=0), "show_decay_rate", id="decay"),
+        pytest.param(lambda: EvictionPolicy(max_unseen_days=-1), "max_unseen_days", id="days"),
+        pytest.param(
+            lambda: EvictionPolicy(show_threshold=float("inf")), "show_threshold", id="threshold"
+        ),
+        pytest.param(lambda: EvictionPolicy(combine="either"), "combine", id="combine"),
     ],
 )
 def test_bad_arguments(build, match):

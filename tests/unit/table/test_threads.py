@@ -17,8 +17,9 @@ from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable, threads
 @pytest.fixture
 def small_slices(monkeypatch):
     monkeypatch.setattr(threads, "MIN_SLICE", 16)
+    before = threads.get_num_threads()
     yield
-    threads.set_num_threads(threads._default_threads())
+    threads.set_num_threads(before)
 
 
 def _run(opt, n_threads, steps=4):
