@@ -92,12 +92,19 @@ def snapshot(model: Net) -> dict[str, np.ndarray]:
     return out
 
 
-def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray], skip=("marker",)) -> None:
-    assert sorted(a) == sorted(b)
+def assert_same(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], skip=("marker",), context: str = ""
+) -> None:
+    """Assert two snapshots are bit-identical but for arrays named in ``skip``.
+
+    ``context`` (e.g. which run of a loop) starts the failure message.
+    """
+    where = f"{context}: " if context else ""
+    assert sorted(a) == sorted(b), f"{where}arrays in only one: {sorted(set(a) ^ set(b))}"
     for k in a:
         if k.rsplit("/", 1)[-1] in skip:
             continue
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        np.testing.assert_array_equal(a[k], b[k], err_msg=f"{where}{k}")
 
 
 def train_days(model_dir: str, data_dir: str, days: int, save_every: int | None = None) -> Net:

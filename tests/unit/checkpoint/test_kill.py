@@ -124,13 +124,11 @@ def test_random_kills_during_training(common, reference, tmp_path):
         last = checkpoint.latest(str(tmp_path / "m"))
         if last is not None:  # whatever is published loads exactly as the reference wrote it
             rel = os.path.relpath(last, tmp_path / "m")
-            (
-                common.assert_same(
-                    loaded(common, tmp_path / "m", last),
-                    loaded(common, reference / "m", reference / "m" / rel),
-                    skip=(),
-                ),
-                f"kill {i}, seed {seed}",
+            common.assert_same(
+                loaded(common, tmp_path / "m", last),
+                loaded(common, reference / "m", reference / "m" / rel),
+                skip=(),
+                context=f"kill {i}, seed {seed}",
             )
     res = child(tmp_path / "m", tmp_path / "data")
     assert res.returncode == 0, res.stderr
