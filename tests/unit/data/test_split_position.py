@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tnrec.data as td
+import tnrec.data.reader as reader_module
 from tests.unit.data.criteo_rows import make_rows, take_rows, write_csv, write_parquet, write_tsv
 from tnrec.errors import ArgumentError
 
@@ -116,7 +118,13 @@ def _consume(reader: td.Reader, n_batches: int) -> tuple[list[int], dict]:
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
-@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+@pytest.mark.parametrize(
+    "shuffle",
+    [
+        pytest.param(False, id="ordered"),
+        pytest.param(True, id="shuffled"),
+    ],
+)
 @pytest.mark.parametrize("kind", ["tsv", "parquet", "tsv-range"])
 def test_seek_resumes_exactly(tmp_path: Path, rows, kind: str, shuffle: bool, prefetch: int):
     def make() -> td.Reader:
@@ -153,14 +161,25 @@ def test_seek_resumes_exactly(tmp_path: Path, rows, kind: str, shuffle: bool, pr
         assert first + rest == full, (kind, shuffle, cut)
 
 
-def test_position_counts_only_taken_batches(tmp_path: Path, rows):
+def test_position_counts_only_taken_batches(tmp_path: Path, rows, monkeypatch):
+    # The reader has no public signal that its thread read ahead, so count the
+    # thread's hand-offs: the test waits for them instead of sleeping and hoping.
+    queued = threading.Semaphore(0)
+    put = reader_module._Prefetcher._put
+
+    def counting_put(self, item):
+        ok = put(self, item)
+        queued.release()
+        return ok
+
+    monkeypatch.setattr(reader_module._Prefetcher, "_put", counting_put)
     reader = td.read_criteo(write_tsv(tmp_path / "a.tsv", rows), batch_size=5, prefetch=4)
     start = reader.position()
     it = iter(reader)
     next(it)
-    import time
-
-    time.sleep(0.2)  # the thread has read ahead by now
+    # 11 batches of 5 rows; the queue holds 4: 1 taken + 4 waiting are queued, then it blocks
+    for n in range(5):
+        assert queued.acquire(timeout=30), f"the prefetch thread queued only {n} of 5 batches"
     one = reader.position()
     assert one != start and one["offset"] == 5
     next(it)
