@@ -228,7 +228,7 @@ def test_eval_pull_creates_nothing_and_reads_unknown_as_zero(make_batch):
     m.compile(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), loss="mse")
     m.train()
     m.pull(make_batch({"c": [[1], [2]]}, [0, 0]))
-    m._release()
+    m.push()  # ends the training step that created keys 1 and 2 (no gradient: weights kept)
     table = m.tables["emb"]
     before = table.rows()
     m.eval()
