@@ -136,60 +136,133 @@ def _set(path, value):
 
 
 SCHEMA = [
-    ("prediction", _set(["heads", 0, "prediction"], "softmax"),
-     r"heads\[0\]: field 'prediction' must be one of \['identity', 'sigmoid'\]\. "
-     r"Received: 'softmax'"),
-    ("heads-empty", _set(["heads"], []), r"field 'heads' must be a non-empty list"),
-    ("heads-a-dict", _set(["heads"], {"ctr": "sigmoid"}), r"field 'heads' must be list"),
-    ("head-name-missing", _set(["heads", 0, "name"], KeyError),
-     r"heads\[0\]: field 'name' is missing"),
-    ("input-dim", _set(["inputs", 0, "dim"], 5),
-     r"inputs\[0\]: field 'dim' must be 4 \(its table's dim\)\. Received: 5"),
-    ("input-table", _set(["inputs", 1, "table"], "nope"),
-     r"inputs\[1\]: field 'table' must be one of the tables \['emb'\]\. Received: 'nope'"),
-    ("input-column-numeric", _set(["inputs", 0, "column"], "x"),
-     r"inputs\[0\]: field 'column' must be a categorical column of feature_spec"),
-    ("input-column-unknown", _set(["inputs", 0, "column"], "v"),
-     r"inputs\[0\]: field 'column' must be a categorical column of feature_spec\. "
-     r"Received: 'v'"),
-    ("input-sequence", _set(["inputs", 0, "sequence"], True),
-     r"inputs\[0\]: field 'sequence' must be False \(as feature_spec declares it\)"),
-    ("input-combiner", _set(["inputs", 0, "combiner"], "max"),
-     r"inputs\[0\]: field 'combiner' must be one of \['sum', 'mean', 'sqrtn'\]"),
-    ("input-output", _set(["inputs", 0, "output"], "stack"),
-     r"inputs\[0\]: field 'output' must be one of"),
-    ("input-dim-bool", _set(["inputs", 0, "dim"], True),
-     r"inputs\[0\]: field 'dim' must be int\. Received: True"),
-    ("num-dense", _set(["num_dense"], 2),
-     r"field 'num_dense' must be 1 \(the numeric columns of feature_spec\)\. Received: 2"),
-    ("feature-spec", _set(["feature_spec", "hash"], "md5"),
-     r"field 'feature_spec' is invalid: feature spec: unsupported `hash` 'md5'"),
-    ("table-count", _set(["tables", "emb", "count"], -1),
-     r"tables\['emb'\]: field 'count' must be an int >= 0\. Received: -1"),
-    ("table-name", lambda d: d["tables"].update({"../x": {"dim": 4, "count": 0}}),
-     r"table '\.\./x' is not a relative path inside the export"),
-    ("files-lack-graph", _set(["files", "dense.pt2"], KeyError),
-     r"field 'files' lacks \['dense\.pt2'\]"),
-    ("files-outside", lambda d: d["files"].update({"/etc/passwd": "0" * 64}),
-     r"file '/etc/passwd' is not a relative path inside the export"),
-    ("files-digest", _set(["files", "dense.pt2"], "abc"),
-     r"files: field 'dense\.pt2' must be a sha256 \(64 hex digits\)\. Received: 'abc'"),
-    ("min-show", _set(["min_show"], "2"), r"field 'min_show' must be int or float or NoneType"),
-    ("dt", _set(["dt"], 20240510), r"field 'dt' must be str or NoneType\. Received: 20240510"),
-    ("provenance-missing", _set(["provenance"], KeyError), r"field 'provenance' is missing"),
-    ("provenance-generation", _set(["provenance", "generation"], "3"),
-     r"provenance: field 'generation' must be int or NoneType\. Received: '3'"),
-    ("provenance-step", _set(["provenance", "global_step"], -1),
-     r"provenance: field 'global_step' must be an int >= 0 or null"),
-    ("provenance-complete", _set(["provenance", "complete"], "yes"),
-     r"provenance: field 'complete' must be bool or NoneType"),
-    ("provenance-unknown", _set(["provenance", "host"], "a"),
-     r"provenance: unknown fields \['host'\]"),
-    ("onnx", _set(["onnx"], {"file": "dense.onnx"}), r"onnx: field 'inputs' is missing"),
-]  # fmt: skip
+    pytest.param(
+        _set(["heads", 0, "prediction"], "softmax"),
+        r"heads\[0\]: field 'prediction' must be one of \['identity', 'sigmoid'\]\. "
+        r"Received: 'softmax'",
+        id="prediction",
+    ),
+    pytest.param(_set(["heads"], []), r"field 'heads' must be a non-empty list", id="heads-empty"),
+    pytest.param(
+        _set(["heads"], {"ctr": "sigmoid"}), r"field 'heads' must be list", id="heads-a-dict"
+    ),
+    pytest.param(
+        _set(["heads", 0, "name"], KeyError),
+        r"heads\[0\]: field 'name' is missing",
+        id="head-name-missing",
+    ),
+    pytest.param(
+        _set(["inputs", 0, "dim"], 5),
+        r"inputs\[0\]: field 'dim' must be 4 \(its table's dim\)\. Received: 5",
+        id="input-dim",
+    ),
+    pytest.param(
+        _set(["inputs", 1, "table"], "nope"),
+        r"inputs\[1\]: field 'table' must be one of the tables \['emb'\]\. Received: 'nope'",
+        id="input-table",
+    ),
+    pytest.param(
+        _set(["inputs", 0, "column"], "x"),
+        r"inputs\[0\]: field 'column' must be a categorical column of feature_spec",
+        id="input-column-numeric",
+    ),
+    pytest.param(
+        _set(["inputs", 0, "column"], "v"),
+        r"inputs\[0\]: field 'column' must be a categorical column of feature_spec\. "
+        r"Received: 'v'",
+        id="input-column-unknown",
+    ),
+    pytest.param(
+        _set(["inputs", 0, "sequence"], True),
+        r"inputs\[0\]: field 'sequence' must be False \(as feature_spec declares it\)",
+        id="input-sequence",
+    ),
+    pytest.param(
+        _set(["inputs", 0, "combiner"], "max"),
+        r"inputs\[0\]: field 'combiner' must be one of \['sum', 'mean', 'sqrtn'\]",
+        id="input-combiner",
+    ),
+    pytest.param(
+        _set(["inputs", 0, "output"], "stack"),
+        r"inputs\[0\]: field 'output' must be one of",
+        id="input-output",
+    ),
+    pytest.param(
+        _set(["inputs", 0, "dim"], True),
+        r"inputs\[0\]: field 'dim' must be int\. Received: True",
+        id="input-dim-bool",
+    ),
+    pytest.param(
+        _set(["num_dense"], 2),
+        r"field 'num_dense' must be 1 \(the numeric columns of feature_spec\)\. Received: 2",
+        id="num-dense",
+    ),
+    pytest.param(
+        _set(["feature_spec", "hash"], "md5"),
+        r"field 'feature_spec' is invalid: feature spec: unsupported `hash` 'md5'",
+        id="feature-spec",
+    ),
+    pytest.param(
+        _set(["tables", "emb", "count"], -1),
+        r"tables\['emb'\]: field 'count' must be an int >= 0\. Received: -1",
+        id="table-count",
+    ),
+    pytest.param(
+        lambda d: d["tables"].update({"../x": {"dim": 4, "count": 0}}),
+        r"table '\.\./x' is not a relative path inside the export",
+        id="table-name",
+    ),
+    pytest.param(
+        _set(["files", "dense.pt2"], KeyError),
+        r"field 'files' lacks \['dense\.pt2'\]",
+        id="files-lack-graph",
+    ),
+    pytest.param(
+        lambda d: d["files"].update({"/etc/passwd": "0" * 64}),
+        r"file '/etc/passwd' is not a relative path inside the export",
+        id="files-outside",
+    ),
+    pytest.param(
+        _set(["files", "dense.pt2"], "abc"),
+        r"files: field 'dense\.pt2' must be a sha256 \(64 hex digits\)\. Received: 'abc'",
+        id="files-digest",
+    ),
+    pytest.param(
+        _set(["min_show"], "2"), r"field 'min_show' must be int or float or NoneType", id="min-show"
+    ),
+    pytest.param(
+        _set(["dt"], 20240510), r"field 'dt' must be str or NoneType\. Received: 20240510", id="dt"
+    ),
+    pytest.param(
+        _set(["provenance"], KeyError), r"field 'provenance' is missing", id="provenance-missing"
+    ),
+    pytest.param(
+        _set(["provenance", "generation"], "3"),
+        r"provenance: field 'generation' must be int or NoneType\. Received: '3'",
+        id="provenance-generation",
+    ),
+    pytest.param(
+        _set(["provenance", "global_step"], -1),
+        r"provenance: field 'global_step' must be an int >= 0 or null",
+        id="provenance-step",
+    ),
+    pytest.param(
+        _set(["provenance", "complete"], "yes"),
+        r"provenance: field 'complete' must be bool or NoneType",
+        id="provenance-complete",
+    ),
+    pytest.param(
+        _set(["provenance", "host"], "a"),
+        r"provenance: unknown fields \['host'\]",
+        id="provenance-unknown",
+    ),
+    pytest.param(
+        _set(["onnx"], {"file": "dense.onnx"}), r"onnx: field 'inputs' is missing", id="onnx"
+    ),
+]
 
 
-@pytest.mark.parametrize(("edit", "match"), [c[1:] for c in SCHEMA], ids=[c[0] for c in SCHEMA])
+@pytest.mark.parametrize(("edit", "match"), SCHEMA)
 def test_schema_errors_name_the_file_and_the_field(exp, edit, match):
     doc = read_doc(exp)
     edit(doc)
@@ -242,28 +315,58 @@ def _weights(exp):
 
 
 DICTIONARIES = [
-    ("keys-reversed", KEYS, lambda e: _keys(e)[::-1].copy(),
-     r"keys\.npy: keys must be strictly increasing \(sorted, unique\); position 1 holds"),
-    ("keys-repeated", KEYS, lambda e: np.concatenate([_keys(e)[:1], _keys(e)[:-1]]),
-     r"keys\.npy: keys must be strictly increasing \(sorted, unique\); position 1 holds"),
-    ("keys-int32", KEYS, lambda e: _keys(e).astype(np.int32),
-     r"keys\.npy: keys must be int64\[n\]\. Received: int32\[18\]"),
-    ("keys-2d", KEYS, lambda e: _keys(e).reshape(2, -1),
-     r"keys\.npy: keys must be int64\[n\]\. Received: int64\[2, 9\]"),
-    ("keys-count", KEYS, lambda e: _keys(e)[:-1],
-     r"keys\.npy holds 17 keys; manifest\.json says 18"),
-    ("weights-float64", WEIGHTS, lambda e: _weights(e).astype(np.float64),
-     r"weights\.npy: weights must be float32\[18, 4\] .* Received: float64\[18, 4\]"),
-    ("weights-dim", WEIGHTS, lambda e: _weights(e)[:, :3].copy(),
-     r"weights\.npy: weights must be float32\[18, 4\] .* Received: float32\[18, 3\]"),
-    ("weights-rows", WEIGHTS, lambda e: _weights(e)[:-1],
-     r"weights\.npy: weights must be float32\[18, 4\] .* Received: float32\[17, 4\]"),
-]  # fmt: skip
+    pytest.param(
+        KEYS,
+        lambda e: _keys(e)[::-1].copy(),
+        r"keys\.npy: keys must be strictly increasing \(sorted, unique\); position 1 holds",
+        id="keys-reversed",
+    ),
+    pytest.param(
+        KEYS,
+        lambda e: np.concatenate([_keys(e)[:1], _keys(e)[:-1]]),
+        r"keys\.npy: keys must be strictly increasing \(sorted, unique\); position 1 holds",
+        id="keys-repeated",
+    ),
+    pytest.param(
+        KEYS,
+        lambda e: _keys(e).astype(np.int32),
+        r"keys\.npy: keys must be int64\[n\]\. Received: int32\[18\]",
+        id="keys-int32",
+    ),
+    pytest.param(
+        KEYS,
+        lambda e: _keys(e).reshape(2, -1),
+        r"keys\.npy: keys must be int64\[n\]\. Received: int64\[2, 9\]",
+        id="keys-2d",
+    ),
+    pytest.param(
+        KEYS,
+        lambda e: _keys(e)[:-1],
+        r"keys\.npy holds 17 keys; manifest\.json says 18",
+        id="keys-count",
+    ),
+    pytest.param(
+        WEIGHTS,
+        lambda e: _weights(e).astype(np.float64),
+        r"weights\.npy: weights must be float32\[18, 4\] .* Received: float64\[18, 4\]",
+        id="weights-float64",
+    ),
+    pytest.param(
+        WEIGHTS,
+        lambda e: _weights(e)[:, :3].copy(),
+        r"weights\.npy: weights must be float32\[18, 4\] .* Received: float32\[18, 3\]",
+        id="weights-dim",
+    ),
+    pytest.param(
+        WEIGHTS,
+        lambda e: _weights(e)[:-1],
+        r"weights\.npy: weights must be float32\[18, 4\] .* Received: float32\[17, 4\]",
+        id="weights-rows",
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    ("rel", "make", "match"), [c[1:] for c in DICTIONARIES], ids=[c[0] for c in DICTIONARIES]
-)
+@pytest.mark.parametrize(("rel", "make", "match"), DICTIONARIES)
 def test_dictionary_checks_with_a_recomputed_sha(exp, rel, make, match):
     assert _keys(exp).shape == (18,)  # the messages below count on it
     replace_npy(exp, rel, make(exp))

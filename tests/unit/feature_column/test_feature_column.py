@@ -113,16 +113,15 @@ def test_keys_match_the_reference(identity, ints, strs):
 @pytest.mark.parametrize(
     "raw",
     [
-        pa.array([123, -5], pa.int64()),
-        pa.array([123, -5], pa.int32()),
-        pa.array([123.0, -5.0]),
-        pa.array(["123", "-5"]),
-        pa.array(["123.0", "-5.000"]),
-        pa.array(["+123", "-5."]),
-        pa.array(["123", "-5"], pa.large_string()),
-        pa.array(["123", "-5"]).dictionary_encode(),
+        pytest.param(pa.array([123, -5], pa.int64()), id="int64"),
+        pytest.param(pa.array([123, -5], pa.int32()), id="int32"),
+        pytest.param(pa.array([123.0, -5.0]), id="float"),
+        pytest.param(pa.array(["123", "-5"]), id="text"),
+        pytest.param(pa.array(["123.0", "-5.000"]), id="text-dot-zero"),
+        pytest.param(pa.array(["+123", "-5."]), id="text-sign"),
+        pytest.param(pa.array(["123", "-5"], pa.large_string()), id="large-text"),
+        pytest.param(pa.array(["123", "-5"]).dictionary_encode(), id="dict"),
     ],
-    ids=["int64", "int32", "float", "text", "text-dot-zero", "text-sign", "large-text", "dict"],
 )
 def test_int_canonical_forms_give_one_key(raw):
     col = fc.category_column("c")
@@ -261,54 +260,62 @@ def test_transforms():
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: fc.category_column(""), r"category_column: `key` must be a non-empty str"),
-        (lambda: fc.category_column("a", dtype="float"), r'Column "a": `dtype` must be one of'),
-        (lambda: fc.category_column("a", embedding_share=""), r"`embedding_share` must be None"),
-        (
+        pytest.param(
+            lambda: fc.category_column(""),
+            r"category_column: `key` must be a non-empty str",
+            id="empty-key",
+        ),
+        pytest.param(
+            lambda: fc.category_column("a", dtype="float"),
+            r'Column "a": `dtype` must be one of',
+            id="dtype",
+        ),
+        pytest.param(
+            lambda: fc.category_column("a", embedding_share=""),
+            r"`embedding_share` must be None",
+            id="share",
+        ),
+        pytest.param(
             lambda: fc.sequence_category_column("s", "int", 0),
             r"`max_length` must be a positive int",
+            id="max-length",
         ),
-        (
+        pytest.param(
             lambda: fc.embedding_column(fc.category_column("a"), 0),
             r'Column "a": `dimension` must be a positive int. Received: dimension=0.',
+            id="dimension",
         ),
-        (
+        pytest.param(
             lambda: fc.embedding_column(fc.category_column("a"), 4, "max"),
             r"`combiner` must be one of",
+            id="combiner",
         ),
-        (
+        pytest.param(
             lambda: fc.embedding_column(fc.numeric_column("n"), 4),
             r"`categorical` must be a category",
+            id="embed-numeric",
         ),
-        (
+        pytest.param(
             lambda: fc.numeric_column("n", default=float("nan")),
             r"`default` must be a finite number",
+            id="default",
         ),
-        (lambda: fc.numeric_column("n", transform="log"), r"`transform` must be log1p"),
-        (
+        pytest.param(
+            lambda: fc.numeric_column("n", transform="log"),
+            r"`transform` must be log1p",
+            id="transform",
+        ),
+        pytest.param(
             lambda: fc.numeric_column("n", transform=[fc.bucketize([1]), fc.log1p()]),
             r"bucketize\(...\) must be the last transform",
+            id="bucketize-last",
         ),
-        (lambda: fc.standardize(0.0, 0.0), r"`std` must be > 0"),
-        (lambda: fc.bucketize([2, 1]), r"strictly increasing"),
-        (lambda: fc.bucketize([]), r"strictly increasing"),
-        (lambda: fc.bucketize("12"), r"`boundaries` must be a sequence"),
-    ],
-    ids=[
-        "empty-key",
-        "dtype",
-        "share",
-        "max-length",
-        "dimension",
-        "combiner",
-        "embed-numeric",
-        "default",
-        "transform",
-        "bucketize-last",
-        "std",
-        "boundaries-order",
-        "boundaries-empty",
-        "boundaries-str",
+        pytest.param(lambda: fc.standardize(0.0, 0.0), r"`std` must be > 0", id="std"),
+        pytest.param(lambda: fc.bucketize([2, 1]), r"strictly increasing", id="boundaries-order"),
+        pytest.param(lambda: fc.bucketize([]), r"strictly increasing", id="boundaries-empty"),
+        pytest.param(
+            lambda: fc.bucketize("12"), r"`boundaries` must be a sequence", id="boundaries-str"
+        ),
     ],
 )
 def test_invalid_columns(make, match):
@@ -348,23 +355,31 @@ def test_spec_round_trip_is_exact():
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        ({"version": 2}, r"unsupported `version` 2; this tnrec reads version 1"),
-        ({"version": None}, r"unsupported `version` None"),
-        ({"format": "other"}, r"`format` must be 'tnrec.feature_spec'"),
-        ({"hash": "md5"}, r"unsupported `hash` 'md5'"),
-        ({"columns": {}}, r"`columns` must be a list"),
-        ({"columns": [{"type": "wide", "key": "a"}]}, r"unknown column type 'wide'"),
-        ({"columns": [{"type": "category", "key": "a"}]}, r"column 'a' has no field `dtype`"),
-        (
+        pytest.param(
+            {"version": 2}, r"unsupported `version` 2; this tnrec reads version 1", id="version"
+        ),
+        pytest.param({"version": None}, r"unsupported `version` None", id="no-version"),
+        pytest.param({"format": "other"}, r"`format` must be 'tnrec.feature_spec'", id="format"),
+        pytest.param({"hash": "md5"}, r"unsupported `hash` 'md5'", id="hash"),
+        pytest.param({"columns": {}}, r"`columns` must be a list", id="columns"),
+        pytest.param(
+            {"columns": [{"type": "wide", "key": "a"}]}, r"unknown column type 'wide'", id="type"
+        ),
+        pytest.param(
+            {"columns": [{"type": "category", "key": "a"}]},
+            r"column 'a' has no field `dtype`",
+            id="field",
+        ),
+        pytest.param(
             {
                 "columns": [
                     {"type": "numeric", "key": "a", "default": 0, "transforms": [{"type": "x"}]}
                 ]
             },
             r"unknown transform",
+            id="transform",
         ),
     ],
-    ids=["version", "no-version", "format", "hash", "columns", "type", "field", "transform"],
 )
 def test_spec_refusals(change, match):
     spec = fc.to_spec(all_columns())

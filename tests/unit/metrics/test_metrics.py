@@ -10,8 +10,7 @@ from tnrec import metrics
 from tnrec.errors import ArgumentError
 
 NAMES = ["auc", "logloss", "ctr", "pctr", "copc", "accuracy", "mse"]
-WEIGHTED = [False, True]
-WEIGHTED_IDS = ["unweighted", "weighted"]
+WEIGHTED = [pytest.param(False, id="unweighted"), pytest.param(True, id="weighted")]
 
 
 def _sigmoid(x):
@@ -75,7 +74,7 @@ def run(name, y, p, w=None, chunks=1):
 # --- values ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("weighted", WEIGHTED, ids=WEIGHTED_IDS)
+@pytest.mark.parametrize("weighted", WEIGHTED)
 @pytest.mark.parametrize("name", NAMES)
 def test_matches_reference(name, weighted, balanced):
     y, p, w = balanced
@@ -87,7 +86,7 @@ def test_matches_reference(name, weighted, balanced):
     assert got == pytest.approx(want, rel=tol, abs=tol)
 
 
-@pytest.mark.parametrize("weighted", WEIGHTED, ids=WEIGHTED_IDS)
+@pytest.mark.parametrize("weighted", WEIGHTED)
 def test_mse_on_regression_values(weighted):
     rng = np.random.default_rng(3)
     y = rng.normal(5.0, 10.0, 1000)
@@ -133,7 +132,7 @@ def test_accuracy_threshold_is_inclusive():
 # --- streaming and summed states -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("weighted", WEIGHTED, ids=WEIGHTED_IDS)
+@pytest.mark.parametrize("weighted", WEIGHTED)
 @pytest.mark.parametrize("name", NAMES)
 def test_streaming_equals_one_call(name, weighted, balanced):
     y, p, w = balanced
@@ -144,7 +143,7 @@ def test_streaming_equals_one_call(name, weighted, balanced):
     assert streamed.result() == pytest.approx(whole.result(), rel=1e-12)
 
 
-@pytest.mark.parametrize("weighted", WEIGHTED, ids=WEIGHTED_IDS)
+@pytest.mark.parametrize("weighted", WEIGHTED)
 @pytest.mark.parametrize("name", NAMES)
 def test_summed_states_equal_whole(name, weighted, balanced):
     # what the distributed layer does: all-reduce(sum) the states, then set_state
@@ -206,7 +205,7 @@ def _auc_error_bound(y, p, w):
     return 0.5 * (pos @ neg) / (pos.sum() * neg.sum())
 
 
-@pytest.mark.parametrize("weighted", WEIGHTED, ids=WEIGHTED_IDS)
+@pytest.mark.parametrize("weighted", WEIGHTED)
 def test_streaming_auc_low_ctr(weighted, low_ctr):
     y, p, w = low_ctr
     w = w if weighted else None
@@ -224,7 +223,7 @@ def test_streaming_auc_low_ctr(weighted, low_ctr):
     assert _auc_error_bound(y, p, w) < 3e-5  # 2^17 buckets: ~1.4e-5
 
 
-@pytest.mark.parametrize("weighted", WEIGHTED, ids=WEIGHTED_IDS)
+@pytest.mark.parametrize("weighted", WEIGHTED)
 def test_streaming_auc_balanced(weighted):
     y, p, w = make_data(200_000, 0.0, seed=4)
     w = w if weighted else None
@@ -262,7 +261,7 @@ def test_auc_num_buckets_changes_state_size():
 # --- exact AUC ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("weighted", WEIGHTED, ids=WEIGHTED_IDS)
+@pytest.mark.parametrize("weighted", WEIGHTED)
 def test_exact_auc_with_ties_matches_sklearn(weighted):
     rng = np.random.default_rng(5)
     y = (rng.random(5000) < 0.3).astype(np.float64)
@@ -316,7 +315,13 @@ def test_no_rows_is_nan_and_empty_update_is_noop(name, balanced):
     np.testing.assert_array_equal(m.state(), before)
 
 
-@pytest.mark.parametrize("label", [0.0, 1.0], ids=["all_negative", "all_positive"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        pytest.param(0.0, id="all_negative"),
+        pytest.param(1.0, id="all_positive"),
+    ],
+)
 def test_auc_one_class_is_nan(label):
     y = np.full(10, label)
     p = np.linspace(0.1, 0.9, 10)
@@ -378,7 +383,14 @@ def test_get_passes_instances_through():
     assert metrics.get(m) is m
 
 
-@pytest.mark.parametrize("bad", ["AUC-PR", "Auc", ""], ids=["unknown", "case", "empty"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param("AUC-PR", id="unknown"),
+        pytest.param("Auc", id="case"),
+        pytest.param("", id="empty"),
+    ],
+)
 def test_get_unknown_name_lists_valid_names(bad):
     with pytest.raises(ArgumentError, match=r"one of \['accuracy', 'auc', 'copc', 'ctr'.*'mse'"):
         metrics.get(bad)
@@ -414,13 +426,22 @@ def test_two_dimensional_input():
 @pytest.mark.parametrize(
     ("name", "y", "p", "pattern"),
     [
-        ("auc", [0.0, 1.0], [0.5, np.nan], r"`y_pred` must be finite"),
-        ("mse", [np.inf, 1.0], [0.5, 0.5], r"`y_true` must be finite"),
-        ("logloss", [0.0, 1.0], [0.5, 1.5], r"`y_pred` must lie in \[0, 1\].*1\.5"),
-        ("auc", [0.0, 1.0], [-2.0, 3.0], r"`y_pred` must lie in \[0, 1\]"),
-        ("ctr", [0.0, 2.0], [0.5, 0.5], r"`y_true` must lie in \[0, 1\]"),
+        pytest.param("auc", [0.0, 1.0], [0.5, np.nan], r"`y_pred` must be finite", id="nan_pred"),
+        pytest.param("mse", [np.inf, 1.0], [0.5, 0.5], r"`y_true` must be finite", id="inf_label"),
+        pytest.param(
+            "logloss",
+            [0.0, 1.0],
+            [0.5, 1.5],
+            r"`y_pred` must lie in \[0, 1\].*1\.5",
+            id="prob_above_1",
+        ),
+        pytest.param(
+            "auc", [0.0, 1.0], [-2.0, 3.0], r"`y_pred` must lie in \[0, 1\]", id="logits_to_auc"
+        ),
+        pytest.param(
+            "ctr", [0.0, 2.0], [0.5, 0.5], r"`y_true` must lie in \[0, 1\]", id="label_above_1"
+        ),
     ],
-    ids=["nan_pred", "inf_label", "prob_above_1", "logits_to_auc", "label_above_1"],
 )
 def test_bad_values(name, y, p, pattern):
     with pytest.raises(ArgumentError, match=pattern):
@@ -433,7 +454,13 @@ def test_mse_accepts_values_outside_unit_interval():
     assert m.result() == 2.0
 
 
-@pytest.mark.parametrize("w", [[1.0, -1.0], [1.0, np.nan]], ids=["negative", "nan"])
+@pytest.mark.parametrize(
+    "w",
+    [
+        pytest.param([1.0, -1.0], id="negative"),
+        pytest.param([1.0, np.nan], id="nan"),
+    ],
+)
 def test_bad_weight(w):
     with pytest.raises(ArgumentError, match=r"`weight` must be finite and non-negative"):
         metrics.get("logloss").update([0.0, 1.0], [0.5, 0.5], w)
@@ -455,7 +482,14 @@ def test_set_state_wrong_size(name, size):
         m.set_state(np.zeros((1, 2)))
 
 
-@pytest.mark.parametrize("n", [2**16 - 1, 1000.0, True], ids=["too_few", "float", "bool"])
+@pytest.mark.parametrize(
+    "n",
+    [
+        pytest.param(2**16 - 1, id="too_few"),
+        pytest.param(1000.0, id="float"),
+        pytest.param(True, id="bool"),
+    ],
+)
 def test_auc_bad_num_buckets(n):
     with pytest.raises(ArgumentError, match=r"`num_buckets` must be an int >= 65536"):
         metrics.AUC(num_buckets=n)
@@ -464,15 +498,23 @@ def test_auc_bad_num_buckets(n):
 @pytest.mark.parametrize(
     ("y", "pattern"),
     [
-        (
+        pytest.param(
             [0.0, 2.0, 1.0],
             r"Metric 'auc': `y_true` must lie in \[0, 1\] for this metric\. "
             r"Received: \[2\] in 1 of 3 rows, the first at index 1\.",
+            id="two",
         ),
-        ([-1.0, 0.0, -1.0], r"Metric 'auc': `y_true` must lie in \[0, 1\].*\[-1\] in 2 of 3 rows"),
-        ([0.0, 1.0, np.nan], r"Metric 'auc': `y_true` must be finite\. Received: \[nan\] in 1 of"),
+        pytest.param(
+            [-1.0, 0.0, -1.0],
+            r"Metric 'auc': `y_true` must lie in \[0, 1\].*\[-1\] in 2 of 3 rows",
+            id="minus_one",
+        ),
+        pytest.param(
+            [0.0, 1.0, np.nan],
+            r"Metric 'auc': `y_true` must be finite\. Received: \[nan\] in 1 of",
+            id="nan",
+        ),
     ],
-    ids=["two", "minus_one", "nan"],
 )
 def test_auc_rejects_labels_outside_0_1_with_a_tnrec_error(y, pattern):
     with pytest.raises(ArgumentError, match=pattern):

@@ -278,7 +278,12 @@ def _with(batch, labels=None, weights=None, row_ids=None):
 
 
 @pytest.mark.parametrize(
-    ("bad", "shown"), [(2.0, "2"), (-1.0, "-1"), (np.nan, "nan")], ids=["two", "minus_one", "nan"]
+    ("bad", "shown"),
+    [
+        pytest.param(2.0, "2", id="two"),
+        pytest.param(-1.0, "-1", id="minus_one"),
+        pytest.param(np.nan, "nan", id="nan"),
+    ],
 )
 def test_labels_outside_the_loss_range_raise_before_any_update(batches, bad, shown):
     b = batches(1, 8)[0]
@@ -343,7 +348,11 @@ def test_two_heads_name_the_head_with_bad_labels(batches):
 
 
 @pytest.mark.parametrize(
-    ("w", "shown"), [([1, -0.5, 1, 1], "-0.5"), ([1, 1, np.nan, 1], "nan")], ids=["neg", "nan"]
+    ("w", "shown"),
+    [
+        pytest.param([1, -0.5, 1, 1], "-0.5", id="neg"),
+        pytest.param([1, 1, np.nan, 1], "nan", id="nan"),
+    ],
 )
 def test_bad_sample_weights_raise_naming_the_row(batches, w, shown):
     b = _with(batches(1, 4)[0], weights=w)

@@ -39,53 +39,135 @@ def _set(row, col, value):
 
 
 BAD_ROWS = [
-    ("row-is-none", lambda r: [None], r"row 0 must be a dict \(column -> value\)\. "
-     r"Received: None \(NoneType\)\."),
-    ("row-is-a-list", lambda r: [*r[:2], [1, 2]], r"row 2 must be a dict .* Received: \[1, 2\] "
-     r"\(list\)"),
-    ("int-2**63-in-numeric", _set(1, "x", 2**63), r'row 1, column "x": expected an int in the '
-     r"int64 range \[-2\*\*63, 2\*\*63\) or a float\. Received: 9223372036854775808 \(int\)"),
-    ("int-2**63-in-int-column", _set(1, "u", 2**63), r'row 1, column "u": expected an int in '
-     r"the int64 range"),
-    ("int-below-int64", _set(2, "u", -(2**63) - 1), r'row 2, column "u": expected an int in '
-     r"the int64 range .* Received: -9223372036854775809"),
-    ("1e308", _set(1, "x", 1e308), r'row 1: column "x": value 1e\+308 is not finite as '
-     r"float32"),
-    ("-1e308", _set(3, "x", -1e308), r'row 3: column "x": value -1e\+308 is not finite as float32'),
-    ("inf", _set(1, "x", math.inf), r'row 1: column "x": value inf is not a finite number'),
-    ("-inf", _set(0, "x", -math.inf), r'row 0: column "x": value -inf is not a finite number'),
-    ("list-for-number", _set(1, "x", [1.0]), r'row 1, column "x": expected a number \(int or '
-     r"float\), numeric text, or None; not a list\. Received: \[1\.0\] \(list\)"),
-    ("dict-for-number", _set(1, "x", {"a": 1}), r'row 1, column "x": expected a number \(int '
-     r"or float\), numeric text, or None\. Received: \{'a': 1\} \(dict\)"),
-    ("dict-for-int", _set(2, "u", {"a": 1}), r'row 2, column "u": expected an int \(or its '
-     r"text\), a list of them, or None\. Received: \{'a': 1\} \(dict\)"),
-    ("dict-for-str", _set(2, "s", {"a": 1}), r'row 2, column "s": expected a str \(or an int\)'),
-    ("list-among-scalars", _set(1, "u", [1, 2]), r'row 1, column "u": expected a single value '
-     r"like row 0 \(a column holds lists or single values\)\. Received: \[1, 2\] \(list\)"),
-    ("text-for-number", _set(1, "x", "abc"), r'row 1, column "x": expected a number like row 2 '
-     r"\(a column holds one kind of value\)\. Received: 'abc' \(str\)"),
-    ("text-for-int", _set(1, "u", "x"), r'row 1, column "u": expected a number like row 0'),
-    ("int-for-str", _set(3, "s", 5), r'row 3, column "s": expected text like row 0'),
-    ("bool-for-int", _set(1, "u", True), r'row 1, column "u": expected a number like row 0 .* '
-     r"Received: True \(bool\)"),
-    ("float-for-int", _set(1, "u", 1.5), r'row 1: column "u": value 1\.5 is not a valid int'),
-    ("object", _set(1, "x", object()), r'row 1, column "x": expected a number .* \(object\)'),
-    ("all-text-not-numbers", lambda r: [{**x, "x": "abc"} for x in r],
-     r"row 0: column \"x\": value 'abc' is not a finite number"),
-    ("column-missing", lambda r: [{k: v for k, v in x.items() if k != "x"} for x in r],
-     r"the rows lack feature columns \['x'\] \(the model reads \['u', 's', 'x'\]\)"),
-    ("not-rows", lambda r: 42, r"`rows` must be a list of dicts, .* Received: int"),
-    ("a-string", lambda r: "u=1", r"`rows` must be a list of dicts, .* Received: str"),
-    ("columns-of-unequal-length", lambda r: {"u": [1, 2], "s": ["a", "b"], "x": [1.0]},
-     r"one value per row; their lengths differ: \{'u': 2, 's': 2, 'x': 1\}"),
-    ("column-is-a-scalar", lambda r: {"u": [1], "s": ["a"], "x": 1.0},
-     r'column "x" must be a list of values, one per row\. Received: 1\.0 \(float\)'),
-    ("dict-columns-missing", lambda r: {}, r"the rows lack feature columns \['u', 's', 'x'\]"),
-]  # fmt: skip
+    pytest.param(
+        lambda r: [None],
+        r"row 0 must be a dict \(column -> value\)\. "
+        r"Received: None \(NoneType\)\.",
+        id="row-is-none",
+    ),
+    pytest.param(
+        lambda r: [*r[:2], [1, 2]],
+        r"row 2 must be a dict .* Received: \[1, 2\] "
+        r"\(list\)",
+        id="row-is-a-list",
+    ),
+    pytest.param(
+        _set(1, "x", 2**63),
+        r'row 1, column "x": expected an int in the '
+        r"int64 range \[-2\*\*63, 2\*\*63\) or a float\. Received: 9223372036854775808 \(int\)",
+        id="int-2**63-in-numeric",
+    ),
+    pytest.param(
+        _set(1, "u", 2**63),
+        r'row 1, column "u": expected an int in '
+        r"the int64 range",
+        id="int-2**63-in-int-column",
+    ),
+    pytest.param(
+        _set(2, "u", -(2**63) - 1),
+        r'row 2, column "u": expected an int in '
+        r"the int64 range .* Received: -9223372036854775809",
+        id="int-below-int64",
+    ),
+    pytest.param(
+        _set(1, "x", 1e308),
+        r'row 1: column "x": value 1e\+308 is not finite as '
+        r"float32",
+        id="1e308",
+    ),
+    pytest.param(
+        _set(3, "x", -1e308),
+        r'row 3: column "x": value -1e\+308 is not finite as float32',
+        id="-1e308",
+    ),
+    pytest.param(
+        _set(1, "x", math.inf), r'row 1: column "x": value inf is not a finite number', id="inf"
+    ),
+    pytest.param(
+        _set(0, "x", -math.inf), r'row 0: column "x": value -inf is not a finite number', id="-inf"
+    ),
+    pytest.param(
+        _set(1, "x", [1.0]),
+        r'row 1, column "x": expected a number \(int or '
+        r"float\), numeric text, or None; not a list\. Received: \[1\.0\] \(list\)",
+        id="list-for-number",
+    ),
+    pytest.param(
+        _set(1, "x", {"a": 1}),
+        r'row 1, column "x": expected a number \(int '
+        r"or float\), numeric text, or None\. Received: \{'a': 1\} \(dict\)",
+        id="dict-for-number",
+    ),
+    pytest.param(
+        _set(2, "u", {"a": 1}),
+        r'row 2, column "u": expected an int \(or its '
+        r"text\), a list of them, or None\. Received: \{'a': 1\} \(dict\)",
+        id="dict-for-int",
+    ),
+    pytest.param(
+        _set(2, "s", {"a": 1}),
+        r'row 2, column "s": expected a str \(or an int\)',
+        id="dict-for-str",
+    ),
+    pytest.param(
+        _set(1, "u", [1, 2]),
+        r'row 1, column "u": expected a single value '
+        r"like row 0 \(a column holds lists or single values\)\. Received: \[1, 2\] \(list\)",
+        id="list-among-scalars",
+    ),
+    pytest.param(
+        _set(1, "x", "abc"),
+        r'row 1, column "x": expected a number like row 2 '
+        r"\(a column holds one kind of value\)\. Received: 'abc' \(str\)",
+        id="text-for-number",
+    ),
+    pytest.param(
+        _set(1, "u", "x"), r'row 1, column "u": expected a number like row 0', id="text-for-int"
+    ),
+    pytest.param(_set(3, "s", 5), r'row 3, column "s": expected text like row 0', id="int-for-str"),
+    pytest.param(
+        _set(1, "u", True),
+        r'row 1, column "u": expected a number like row 0 .* '
+        r"Received: True \(bool\)",
+        id="bool-for-int",
+    ),
+    pytest.param(
+        _set(1, "u", 1.5), r'row 1: column "u": value 1\.5 is not a valid int', id="float-for-int"
+    ),
+    pytest.param(
+        _set(1, "x", object()), r'row 1, column "x": expected a number .* \(object\)', id="object"
+    ),
+    pytest.param(
+        lambda r: [{**x, "x": "abc"} for x in r],
+        r"row 0: column \"x\": value 'abc' is not a finite number",
+        id="all-text-not-numbers",
+    ),
+    pytest.param(
+        lambda r: [{k: v for k, v in x.items() if k != "x"} for x in r],
+        r"the rows lack feature columns \['x'\] \(the model reads \['u', 's', 'x'\]\)",
+        id="column-missing",
+    ),
+    pytest.param(lambda r: 42, r"`rows` must be a list of dicts, .* Received: int", id="not-rows"),
+    pytest.param(
+        lambda r: "u=1", r"`rows` must be a list of dicts, .* Received: str", id="a-string"
+    ),
+    pytest.param(
+        lambda r: {"u": [1, 2], "s": ["a", "b"], "x": [1.0]},
+        r"one value per row; their lengths differ: \{'u': 2, 's': 2, 'x': 1\}",
+        id="columns-of-unequal-length",
+    ),
+    pytest.param(
+        lambda r: {"u": [1], "s": ["a"], "x": 1.0},
+        r'column "x" must be a list of values, one per row\. Received: 1\.0 \(float\)',
+        id="column-is-a-scalar",
+    ),
+    pytest.param(
+        lambda r: {}, r"the rows lack feature columns \['u', 's', 'x'\]", id="dict-columns-missing"
+    ),
+]
 
 
-@pytest.mark.parametrize(("edit", "match"), [c[1:] for c in BAD_ROWS], ids=[c[0] for c in BAD_ROWS])
+@pytest.mark.parametrize(("edit", "match"), BAD_ROWS)
 def test_bad_rows_raise_a_data_error_naming_row_and_column(predictor, edit, match):
     with pytest.raises(DataError, match=r"^Predictor\.predict: .*" + match):
         predictor.predict(edit(rows4()))
