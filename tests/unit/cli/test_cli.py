@@ -16,7 +16,8 @@ import pytest
 from tnrec import checkpoint
 from tnrec.cli import export, main
 from tnrec.cli.artifacts import load_model
-from tnrec.cli.config import load_config, make_reader
+from tnrec.cli.config import load_config
+from tnrec.cli.inputs import make_reader
 from tnrec.cli.inspection import inspect_row
 from tnrec.data.synthetic import SyntheticConfig, generate
 from tnrec.errors import ArgumentError, CheckpointError, ConfigError, TableKeyError
@@ -245,69 +246,126 @@ def test_python_m_tnrec_cli_help():
 @pytest.mark.parametrize(
     ("old", "new", "match"),
     [
-        ("epochs = 2", "epoch = 2", r'unknown key "train.epoch"; did you mean "train.epochs"\?'),
-        ("seed = 1", "epochs = 1", r'unknown key "epochs"; did you mean "train.epochs"\?'),
-        ("[data]", "[dta]", r'unknown key "dta"; did you mean "data"\?'),
-        ("train_days", "trian_days", r'key "data.trian_days"; did you mean "data.train_days"'),
-        (
+        pytest.param(
+            "epochs = 2",
+            "epoch = 2",
+            r'unknown key "train.epoch"; did you mean "train.epochs"\?',
+            id="typo-in-section",
+        ),
+        pytest.param(
+            "seed = 1",
+            "epochs = 1",
+            r'unknown key "epochs"; did you mean "train.epochs"\?',
+            id="key-in-wrong-section",
+        ),
+        pytest.param(
+            "[data]", "[dta]", r'unknown key "dta"; did you mean "data"\?', id="section-typo"
+        ),
+        pytest.param(
+            "train_days",
+            "trian_days",
+            r'key "data.trian_days"; did you mean "data.train_days"',
+            id="days-typo",
+        ),
+        pytest.param(
             "learning_rate = 0.05",
             "learning_rat = 0.05",
             r'unknown key "optimizer.sparse.learning_rat"; did you mean '
             r'"optimizer.sparse.learning_rate"\?',
+            id="optimizer-hparam",
         ),
-        ("epochs = 2", 'epochs = "2"', r'"train.epochs" must be int. Received: \'2\' \(str\)'),
-        ("hidden_units = [16]", "hidden_units = 16", r'"model.hidden_units" must be list of ints'),
-        ("epochs = 2", "epochs = true", r'"train.epochs" must be int. Received: True \(bool\)'),
-        ("batch_size = 500", "batch_size = 0", r'"train.batch_size" must be >= 1. Received: 0'),
-        ('name = "deepfm"', 'name = "deepfn"', r'"model.name" must be one of .* mean "deepfm"'),
-        ('type = "adagrad"', 'type = "rmsprop"', r'"optimizer.sparse.type" must be one of'),
-        (
+        pytest.param(
+            "epochs = 2",
+            'epochs = "2"',
+            r'"train.epochs" must be int. Received: \'2\' \(str\)',
+            id="str-for-int",
+        ),
+        pytest.param(
+            "hidden_units = [16]",
+            "hidden_units = 16",
+            r'"model.hidden_units" must be list of ints',
+            id="int-for-list",
+        ),
+        pytest.param(
+            "epochs = 2",
+            "epochs = true",
+            r'"train.epochs" must be int. Received: True \(bool\)',
+            id="bool-for-int",
+        ),
+        pytest.param(
+            "batch_size = 500",
+            "batch_size = 0",
+            r'"train.batch_size" must be >= 1. Received: 0',
+            id="range",
+        ),
+        pytest.param(
+            'name = "deepfm"',
+            'name = "deepfn"',
+            r'"model.name" must be one of .* mean "deepfm"',
+            id="model-name",
+        ),
+        pytest.param(
+            'type = "adagrad"',
+            'type = "rmsprop"',
+            r'"optimizer.sparse.type" must be one of',
+            id="optimizer-type",
+        ),
+        pytest.param(
             "learning_rate = 0.05",
             "learning_rate = -1.0",
             r"optimizer.sparse: .*learning_rate",
+            id="optimizer-value",
         ),
-        ('columns = "criteo"', 'columns = "avazu"', r'"columns" must be "criteo" or a list'),
-        ('dir = "data"', "", r'no training data: set "data.train"'),
-        ("epochs = 2", "epochs = = 2", r"not valid TOML/JSON"),
-        ("[train]", "[train]\nx = 1", r'unknown key "train.x". Valid keys here: batch_size, ep'),
-        ("[train]", "[checkpoint]\nkep = 2\n[train]", r'"checkpoint.kep"; did you mean "checkp'),
-        ("[train]", "[checkpoint]\nkeep = 0\n[train]", r'"checkpoint.keep" must be >= 1. Rec'),
-        (
+        pytest.param(
+            'columns = "criteo"',
+            'columns = "avazu"',
+            r'"columns" must be "criteo" or a list',
+            id="columns-preset",
+        ),
+        pytest.param('dir = "data"', "", r'no training data: set "data.train"', id="no-train-data"),
+        pytest.param("epochs = 2", "epochs = = 2", r"not valid TOML/JSON", id="bad-toml"),
+        pytest.param(
+            "[train]",
+            "[train]\nx = 1",
+            r'unknown key "train.x". Valid keys here: batch_size, ep',
+            id="no-suggestion",
+        ),
+        pytest.param(
+            "[train]",
+            "[checkpoint]\nkep = 2\n[train]",
+            r'"checkpoint.kep"; did you mean "checkp',
+            id="checkpoint-typo",
+        ),
+        pytest.param(
+            "[train]",
+            "[checkpoint]\nkeep = 0\n[train]",
+            r'"checkpoint.keep" must be >= 1. Rec',
+            id="checkpoint-keep-range",
+        ),
+        pytest.param(
             "[train]",
             '[checkpoint]\nsave_every_n_steps = "10"\n[train]',
             r'"checkpoint.save_every_n_steps" must be int. Received: \'10\'',
+            id="checkpoint-every-type",
         ),
-        ("[train]", "[checkpoint]\ndir = 3\n[train]", r'"checkpoint.dir" must be str. Received: 3'),
-        (
+        pytest.param(
+            "[train]",
+            "[checkpoint]\ndir = 3\n[train]",
+            r'"checkpoint.dir" must be str. Received: 3',
+            id="checkpoint-dir-type",
+        ),
+        pytest.param(
             "[train]",
             "[eviction]\nshow_decay_rate = 1.5\n[train]",
             r"eviction: EvictionPolicy: `show_decay_rate` must be in \(0, 1\]",
+            id="eviction-rate",
         ),
-        ("[train]", '[eviction]\ncombine = "both"\n[train]', r"eviction: .*`combine` must be"),
-    ],
-    ids=[
-        "typo-in-section",
-        "key-in-wrong-section",
-        "section-typo",
-        "days-typo",
-        "optimizer-hparam",
-        "str-for-int",
-        "int-for-list",
-        "bool-for-int",
-        "range",
-        "model-name",
-        "optimizer-type",
-        "optimizer-value",
-        "columns-preset",
-        "no-train-data",
-        "bad-toml",
-        "no-suggestion",
-        "checkpoint-typo",
-        "checkpoint-keep-range",
-        "checkpoint-every-type",
-        "checkpoint-dir-type",
-        "eviction-rate",
-        "eviction-combine",
+        pytest.param(
+            "[train]",
+            '[eviction]\ncombine = "both"\n[train]',
+            r"eviction: .*`combine` must be",
+            id="eviction-combine",
+        ),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, old, new, match):
@@ -362,7 +420,7 @@ ZOO = {
 }
 
 
-@pytest.mark.parametrize("name", list(ZOO), ids=list(ZOO))
+@pytest.mark.parametrize("name", list(ZOO))
 def test_export_then_predictor_on_raw_rows_equals_tnrec_predict(data_dir, tmp_path, name):
     text = TOML.replace('name = "deepfm"\nembedding_dim = 4\nhidden_units = [16]', "")
     text = text.replace("[model]", f'[model]\nname = "{name}"\n{ZOO[name]}')

@@ -12,7 +12,8 @@ import pytest
 from tnrec import checkpoint
 from tnrec.cli import demo, export, main
 from tnrec.cli.artifacts import load_model
-from tnrec.cli.config import check_inputs, load_config
+from tnrec.cli.config import load_config
+from tnrec.cli.inputs import check_inputs
 from tnrec.data.synthetic import SyntheticConfig, generate
 from tnrec.errors import ArgumentError, ConfigError, DistributedError
 
@@ -105,78 +106,90 @@ def run_dir(tmp_path, tiny_data):
 @pytest.mark.parametrize(
     ("old", "new", "match"),
     [
-        ("epochs = 1", "epochs = 0", r'"train.epochs" must be >= 1. Received: 0.'),
-        ("log_every = 1", "log_every = 0", r'"train.log_every" must be >= 1. Received: 0.'),
-        ("batch_size = 200", "batch_size = -5", r'"train.batch_size" must be >= 1. Received: -5'),
-        ("seed = 1", "seed = -1", r'"seed" must be >= 0. Received: -1.'),
-        (
+        pytest.param(
+            "epochs = 1", "epochs = 0", r'"train.epochs" must be >= 1. Received: 0.', id="epochs-0"
+        ),
+        pytest.param(
+            "log_every = 1",
+            "log_every = 0",
+            r'"train.log_every" must be >= 1. Received: 0.',
+            id="log-every-0",
+        ),
+        pytest.param(
+            "batch_size = 200",
+            "batch_size = -5",
+            r'"train.batch_size" must be >= 1. Received: -5',
+            id="batch-size-negative",
+        ),
+        pytest.param(
+            "seed = 1", "seed = -1", r'"seed" must be >= 0. Received: -1.', id="seed-negative"
+        ),
+        pytest.param(
             "[train]",
             "[checkpoint]\nsave_every_n_steps = 0\n[train]",
             r'"checkpoint.save_every_n_steps" must be >= 1. Received: 0.',
+            id="save-every-0",
         ),
-        ("[train]", "[checkpoint]\nkeep = -1\n[train]", r'"checkpoint.keep" must be >= 1. Rec'),
-        (
+        pytest.param(
+            "[train]",
+            "[checkpoint]\nkeep = -1\n[train]",
+            r'"checkpoint.keep" must be >= 1. Rec',
+            id="keep-negative",
+        ),
+        pytest.param(
             "[train]",
             "[eviction]\nshow_decay_rate = nan\n[train]",
             r'"eviction.show_decay_rate" must be a finite number. Received: nan.',
+            id="nan-float",
         ),
-        (
+        pytest.param(
             "[train]",
             '[optimizer.sparse]\ntype = "sgd"\nlearning_rate = inf\n[train]',
             r'"optimizer.sparse.learning_rate" must be a finite number. Received: inf.',
+            id="inf-optimizer",
         ),
-        (
+        pytest.param(
             "[train]",
             "[distributed]\ntimeout_s = 0\n[train]",
             r'"distributed.timeout_s" must be > 0. Received: 0.',
+            id="timeout-0",
         ),
-        (
+        pytest.param(
             "[train]",
             "[distributed]\ntimeout_s = -inf\n[train]",
             r'"distributed.timeout_s" must be a finite number. Received: -inf.',
+            id="timeout-inf",
         ),
-        (
+        pytest.param(
             "[train]",
             '[distributed]\ntimeout_s = "5"\n[train]',
             r'"distributed.timeout_s" must be float. Received: \'5\' \(str\).',
+            id="timeout-str",
         ),
-        (
+        pytest.param(
             "[train]",
             "[distributed]\ntimeout = 5\n[train]",
             r'unknown key "distributed.timeout"; did you mean "distributed.timeout_s"\?',
+            id="timeout-typo",
         ),
-        (
+        pytest.param(
             'dir = "data"',
             'dir = "data"\non_bad_row = "ignore"',
             r'"data.on_bad_row" must be one of \(\'raise\', \'skip\'\). Received: \'ignore\'.',
+            id="on-bad-row",
         ),
-        (
+        pytest.param(
             'dir = "data"',
             'dir = "data"\ndelimiter = ";;"',
             r'"data.delimiter" must be one character. Received: \';;\'.',
+            id="delimiter",
         ),
-        (
+        pytest.param(
             'train_days = ["2024-05-10"]',
             'train_days = ["2024-05-10", "2024-05-11", "2024-05-10"]',
             r'"data.train_days" repeats day\(s\) \[\'2024-05-10\'\]; list each once.',
+            id="repeated-day",
         ),
-    ],
-    ids=[
-        "epochs-0",
-        "log-every-0",
-        "batch-size-negative",
-        "seed-negative",
-        "save-every-0",
-        "keep-negative",
-        "nan-float",
-        "inf-optimizer",
-        "timeout-0",
-        "timeout-inf",
-        "timeout-str",
-        "timeout-typo",
-        "on-bad-row",
-        "delimiter",
-        "repeated-day",
     ],
 )
 def test_config_values_out_of_range_name_key_and_file(tmp_path, old, new, match):
@@ -221,47 +234,57 @@ def test_distributed_timeout_reaches_the_strategy(run_dir, tiny_model, monkeypat
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["demo", "--epochs", "0"], "tnrec demo: error: argument --epochs: must be an int >= 1. "),
-        (["demo", "--rows", "0"], "argument --rows: must be an int >= 1. Received: '0'."),
-        (["demo", "--rows", "1e3"], "argument --rows: must be an int >= 1. Received: '1e3'."),
-        (["demo", "--seed", "-1"], "argument --seed: must be an int >= 0. Received: '-1'."),
-        (
+        pytest.param(
+            ["demo", "--epochs", "0"],
+            "tnrec demo: error: argument --epochs: must be an int >= 1. ",
+            id="epochs-0",
+        ),
+        pytest.param(
+            ["demo", "--rows", "0"],
+            "argument --rows: must be an int >= 1. Received: '0'.",
+            id="rows-0",
+        ),
+        pytest.param(
+            ["demo", "--rows", "1e3"],
+            "argument --rows: must be an int >= 1. Received: '1e3'.",
+            id="rows-float",
+        ),
+        pytest.param(
+            ["demo", "--seed", "-1"],
+            "argument --seed: must be an int >= 0. Received: '-1'.",
+            id="seed-negative",
+        ),
+        pytest.param(
             ["export", "--model-dir", "m", "--out", "o", "--min-show", "nan"],
             "tnrec export: error: argument --min-show: must be a finite number >= 0. "
             "Received: 'nan'.",
+            id="min-show-nan",
         ),
-        (
+        pytest.param(
             ["export", "--model-dir", "m", "--out", "o", "--min-show", "inf"],
             "argument --min-show: must be a finite number >= 0. Received: 'inf'.",
+            id="min-show-inf",
         ),
-        (
+        pytest.param(
             ["export", "--model-dir", "m", "--out", "o", "--min-show", "-1"],
             "argument --min-show: must be a finite number >= 0. Received: '-1'.",
+            id="min-show-negative",
         ),
-        (
+        pytest.param(
             ["export", "--model-dir", "m", "--out", "o", "--min-show", "two"],
             "argument --min-show: must be a finite number >= 0. Received: 'two'.",
+            id="min-show-text",
         ),
-        (
+        pytest.param(
             ["evaluate", "--model-dir", "m", "--timeout-s", "0"],
             "argument --timeout-s: must be a finite number > 0. Received: '0'.",
+            id="timeout-0",
         ),
-        (
+        pytest.param(
             ["train", "--config", "c", "--timeout-s", "nan"],
             "argument --timeout-s: must be a finite number > 0. Received: 'nan'.",
+            id="timeout-nan",
         ),
-    ],
-    ids=[
-        "epochs-0",
-        "rows-0",
-        "rows-float",
-        "seed-negative",
-        "min-show-nan",
-        "min-show-inf",
-        "min-show-negative",
-        "min-show-text",
-        "timeout-0",
-        "timeout-nan",
     ],
 )
 def test_numeric_flags_are_checked(args, message, capsys):
@@ -313,7 +336,13 @@ def test_empty_test_data_or_missing_test_pattern_fail_before_training(run_dir, t
     assert not (run_dir / "out").exists()  # nothing trained, nothing written
 
 
-@pytest.mark.parametrize("text", ["label,I1,C1\n", ""], ids=["header-only", "zero-bytes"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("label,I1,C1\n", id="header-only"),
+        pytest.param("", id="zero-bytes"),
+    ],
+)
 def test_csv_without_data_lines_holds_no_rows(tmp_path, text):
     (tmp_path / "train.csv").write_text(text)
     cfg = load_config(write(tmp_path, CSV_TOML.format(mode="raise")))

@@ -105,7 +105,13 @@ def test_parts_split_a_day_contiguously(tmp_path: Path) -> None:
     np.testing.assert_array_equal(row_ids, np.arange(1_000))
 
 
-@pytest.mark.parametrize("base_ctr", [0.03, 0.25], ids=["ctr3", "ctr25"])
+@pytest.mark.parametrize(
+    "base_ctr",
+    [
+        pytest.param(0.03, id="ctr3"),
+        pytest.param(0.25, id="ctr25"),
+    ],
+)
 def test_ctr_hits_base(tmp_path: Path, base_ctr: float) -> None:
     cfg = SyntheticConfig(rows_per_day=40_000, num_days=2, base_ctr=base_ctr, seed=1)
     data = generate(tmp_path, cfg)

@@ -118,20 +118,33 @@ def test_dcn_cross_layer_formula():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"embedding_dim": 0}, r"`embedding_dim` must be a positive int. Received: 0"),
-        ({"hidden_units": [8, -1]}, r"`hidden_units` must be a list of positive ints"),
-        ({"hidden_units": 8}, r"`hidden_units` must be a list of positive ints"),
-        ({"columns": [fc.numeric_column("x")]}, r"at least one categorical column"),
-        (
+        pytest.param(
+            {"embedding_dim": 0}, r"`embedding_dim` must be a positive int. Received: 0", id="dim0"
+        ),
+        pytest.param(
+            {"hidden_units": [8, -1]},
+            r"`hidden_units` must be a list of positive ints",
+            id="hidden-negative",
+        ),
+        pytest.param(
+            {"hidden_units": 8}, r"`hidden_units` must be a list of positive ints", id="hidden-int"
+        ),
+        pytest.param(
+            {"columns": [fc.numeric_column("x")]},
+            r"at least one categorical column",
+            id="no-categorical",
+        ),
+        pytest.param(
             {"columns": [fc.sequence_category_column("s", "int", 5)]},
             r"takes category, bucketized, embedding \(pooled\) and numeric",
+            id="sequence",
         ),
-        (
+        pytest.param(
             {"columns": [fc.embedding_column(fc.category_column("a"), 8)]},
             r'column "a" has dimension 8, but .* embedding_dim=4',
+            id="other-dim",
         ),
     ],
-    ids=["dim0", "hidden-negative", "hidden-int", "no-categorical", "sequence", "other-dim"],
 )
 def test_constructor_errors_name_the_argument(kwargs, match):
     args = {"columns": [fc.category_column("a")], "embedding_dim": 4, "hidden_units": [8]}
@@ -300,15 +313,16 @@ def first_step_bias(name, params, batch):
 @pytest.mark.parametrize(
     ("clicks", "weight", "weight_sq", "want"),
     [
-        (0.0, 7.0, 7.0, -math.log(15.0)),  # 7 rows of 0: p = 0.5 / 8
-        (7.0, 7.0, 7.0, math.log(15.0)),  # 7 rows of 1
-        (0.0, 1000.0, 1000.0, -5.0),  # bounded
-        (1000.0, 1000.0, 1000.0, 5.0),
-        (31.0, 1024.0, 1024.0, math.log(31.5 / 993.5)),  # a realistic batch keeps its rate
-        (0.31, 10.24, 0.1024, math.log(31.5 / 993.5)),  # weights 0.01: the same
-        (3.0, 4.0, 6.0, math.log(15 / 7)),  # w [1, 1, 2], y [1, 0, 1]: n = 16/6, p = 7.5/11
+        pytest.param(0.0, 7.0, 7.0, -math.log(15.0), id="seven_zeros"),  # p = 0.5 / 8
+        pytest.param(7.0, 7.0, 7.0, math.log(15.0), id="seven_ones"),
+        pytest.param(0.0, 1000.0, 1000.0, -5.0, id="many_zeros"),  # bounded
+        pytest.param(1000.0, 1000.0, 1000.0, 5.0, id="many_ones"),
+        # a realistic batch keeps its rate, and so do the same rows with weights 0.01
+        pytest.param(31.0, 1024.0, 1024.0, math.log(31.5 / 993.5), id="ctr_3pct"),
+        pytest.param(0.31, 10.24, 0.1024, math.log(31.5 / 993.5), id="scaled"),
+        # w [1, 1, 2], y [1, 0, 1]: n = 16/6, p = 7.5/11
+        pytest.param(3.0, 4.0, 6.0, math.log(15 / 7), id="kish"),
     ],
-    ids=["seven_zeros", "seven_ones", "many_zeros", "many_ones", "ctr_3pct", "scaled", "kish"],
 )
 def test_initial_bias_is_shrunk_and_bounded(clicks, weight, weight_sq, want):
     assert initial_bias(clicks, weight, weight_sq) == pytest.approx(want, rel=1e-12)
@@ -318,12 +332,11 @@ def test_initial_bias_is_shrunk_and_bounded(clicks, weight, weight_sq, want):
 @pytest.mark.parametrize(
     ("labels", "want"),
     [
-        ([0] * 7, -math.log(15.0)),
-        ([1] * 7, math.log(15.0)),
-        ([0] * 600, -5.0),
-        ([1] * 20 + [0] * 480, math.log(20.5 / 480.5)),
+        pytest.param([0] * 7, -math.log(15.0), id="all_zero"),
+        pytest.param([1] * 7, math.log(15.0), id="all_one"),
+        pytest.param([0] * 600, -5.0, id="many_zero"),
+        pytest.param([1] * 20 + [0] * 480, math.log(20.5 / 480.5), id="realistic"),
     ],
-    ids=["all_zero", "all_one", "many_zero", "realistic"],
 )
 def test_first_step_sets_a_bounded_bias(name, params, labels, want):
     got = first_step_bias(name, params, tiny_batch(labels))
