@@ -10,7 +10,9 @@ from tnrec._hashing import mix64_scalar
 
 
 @nb.njit(nogil=True, cache=True)
-def _unique_inverse(keys, uniq, inverse):  # pragma: no cover - compiled
+def _unique_inverse(
+    keys: np.ndarray, uniq: np.ndarray, inverse: np.ndarray
+) -> int:  # pragma: no cover - compiled
     n = keys.shape[0]
     cap = 16
     while cap < 2 * n:
@@ -60,7 +62,14 @@ def unique_inverse(
 
 
 @nb.njit(nogil=True, cache=True)
-def _show_click(inverse, occ_rows, weights, label, show, click):  # pragma: no cover - compiled
+def _show_click(
+    inverse: np.ndarray,
+    occ_rows: np.ndarray,
+    weights: np.ndarray,
+    label: np.ndarray,
+    show: np.ndarray,
+    click: np.ndarray,
+) -> None:  # pragma: no cover - compiled
     U = show.shape[0]
     s = np.zeros(U, dtype=np.float64)
     c = np.zeros(U, dtype=np.float64)

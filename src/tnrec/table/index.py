@@ -51,7 +51,7 @@ def new_index(capacity: int) -> np.ndarray:
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def home(key, mask):  # pragma: no cover - compiled
+def home(key: np.int64, mask: int) -> np.int64:  # pragma: no cover - compiled
     """Return the home slot of ``key`` in an index of ``mask + 1`` slots."""
     return np.int64(mix64_scalar(np.uint64(key)) & np.uint64(mask))
 
@@ -60,32 +60,34 @@ _home = home
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def key_lo(key):  # pragma: no cover - compiled
+def key_lo(key: np.int64) -> np.int32:  # pragma: no cover - compiled
     """The low 32 bits of ``key`` as stored in a slot."""
     return np.int32(np.int64(key) & np.int64(0xFFFFFFFF))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def key_hi(key):  # pragma: no cover - compiled
+def key_hi(key: np.int64) -> np.int32:  # pragma: no cover - compiled
     """The high 32 bits of ``key`` as stored in a slot."""
     return np.int32(np.int64(key) >> np.int64(32))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def slot_key(slots, s):  # pragma: no cover - compiled
+def slot_key(slots: np.ndarray, s: int) -> np.int64:  # pragma: no cover - compiled
     """The int64 key held by slot ``s``."""
     return (np.int64(slots[s, 1]) << np.int64(32)) | (np.int64(slots[s, 0]) & np.int64(0xFFFFFFFF))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def set_slot(slots, s, key, row):  # pragma: no cover - compiled
+def set_slot(
+    slots: np.ndarray, s: np.int64, key: np.int64, row: int
+) -> None:  # pragma: no cover - compiled
     slots[s, 0] = key_lo(key)
     slots[s, 1] = key_hi(key)
     slots[s, 2] = row
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def probe(slots, key):  # pragma: no cover - compiled
+def probe(slots: np.ndarray, key: np.int64) -> np.int64:  # pragma: no cover - compiled
     """Return the slot holding ``key``, or the empty slot that ends its probe run.
 
     Reads the slots through a raw int32 pointer (``3 * s + field``): no
@@ -104,13 +106,15 @@ def probe(slots, key):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def find(slots, key):  # pragma: no cover - compiled
+def find(slots: np.ndarray, key: np.int64) -> int:  # pragma: no cover - compiled
     """Return the row of ``key`` or -1."""
     return slots[probe(slots, key), 2]
 
 
 @nb.njit(nogil=True, cache=True)
-def lookup(slots, keys, out_rows):  # pragma: no cover - compiled
+def lookup(
+    slots: np.ndarray, keys: np.ndarray, out_rows: np.ndarray
+) -> int:  # pragma: no cover - compiled
     """Write the row of each key to ``out_rows`` (-1 when absent); return the absent count."""
     missing = 0
     for i in range(keys.shape[0]):
@@ -123,17 +127,17 @@ def lookup(slots, keys, out_rows):  # pragma: no cover - compiled
 
 @nb.njit(nogil=True, cache=True)
 def insert_missing(
-    slots,
-    keys,
-    out_rows,
-    start,
-    count,
-    limit,
-    next_row,
-    row_capacity,
-    free_rows,
-    free_top,
-):  # pragma: no cover - compiled
+    slots: np.ndarray,
+    keys: np.ndarray,
+    out_rows: np.ndarray,
+    start: int,
+    count: int,
+    limit: int,
+    next_row: int,
+    row_capacity: int,
+    free_rows: np.ndarray,
+    free_top: int,
+) -> tuple[int, int, int, int, int]:  # pragma: no cover - compiled
     """Insert the absent keys of ``keys[start:]``, allocating rows; fill ``out_rows``.
 
     Rows come from the free list first (rows freed by eviction), then from the
@@ -172,7 +176,7 @@ def insert_missing(
 
 
 @nb.njit(nogil=True, cache=True)
-def rehash(old, new):  # pragma: no cover - compiled
+def rehash(old: np.ndarray, new: np.ndarray) -> None:  # pragma: no cover - compiled
     """Insert every entry of the old index into the (empty) new one."""
     mask = new.shape[0] - 1
     for s in range(old.shape[0]):
@@ -188,7 +192,9 @@ def rehash(old, new):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def delete(slots, keys, free_rows, free_top):  # pragma: no cover - compiled
+def delete(
+    slots: np.ndarray, keys: np.ndarray, free_rows: np.ndarray, free_top: int
+) -> tuple[int, int]:  # pragma: no cover - compiled
     """Delete ``keys`` (absent ones are ignored); push their rows on the free list.
 
     Returns:
@@ -222,7 +228,9 @@ def delete(slots, keys, free_rows, free_top):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def entries(slots, out_keys, out_rows):  # pragma: no cover - compiled
+def entries(
+    slots: np.ndarray, out_keys: np.ndarray, out_rows: np.ndarray
+) -> int:  # pragma: no cover - compiled
     """Copy every (key, row) of the index to the outputs; return how many."""
     n = 0
     for s in range(slots.shape[0]):
@@ -235,7 +243,7 @@ def entries(slots, out_keys, out_rows):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def count_duplicates(keys):  # pragma: no cover - compiled
+def count_duplicates(keys: np.ndarray) -> int:  # pragma: no cover - compiled
     """Return how many entries of ``keys`` repeat an earlier one (batch-local hash set)."""
     n = keys.shape[0]
     cap = 16

@@ -110,20 +110,20 @@ def table_stream_seed(seed: int, name: str) -> np.uint64:
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _uniform01(stream, j):  # pragma: no cover - compiled
+def _uniform01(stream: np.uint64, j: int) -> float:  # pragma: no cover - compiled
     u = mix64_scalar(stream + np.uint64(j + 1) * _GOLDEN)
     return np.float64(u >> np.uint64(11)) * _TWO_POW_M53
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _uniform_open01(stream, j):  # pragma: no cover - compiled
+def _uniform_open01(stream: np.uint64, j: int) -> float:  # pragma: no cover - compiled
     """Return a uniform in the open interval (0, 1): 53 random bits plus half a step."""
     u = mix64_scalar(stream + np.uint64(j + 1) * _GOLDEN)
     return (np.float64(u >> np.uint64(11)) + 0.5) * _TWO_POW_M53
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _std_normal(p):  # pragma: no cover - compiled
+def _std_normal(p: float) -> float:  # pragma: no cover - compiled
     """Return the standard normal quantile of ``p`` in (0, 1) (Wichura's AS241, PPND16).
 
     Relative error about 1e-16; the same rational approximation as CPython's
@@ -172,7 +172,7 @@ _F = (
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _poly(coeffs, r):  # pragma: no cover - compiled
+def _poly(coeffs: tuple[float, ...], r: float) -> float:  # pragma: no cover - compiled
     acc = 0.0
     for a in coeffs:
         acc = acc * r + a
@@ -180,14 +180,14 @@ def _poly(coeffs, r):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _central(q):  # pragma: no cover - compiled
+def _central(q: float) -> float:  # pragma: no cover - compiled
     """AS241 for ``|q| = |p - 0.5| <= 0.425``: one ratio of degree-7 polynomials."""
     r = 0.180625 - q * q
     return _poly(_A, r) * q / _poly(_B, r)
 
 
 @nb.njit(nogil=True, cache=True)
-def _tail(p, q):  # pragma: no cover - compiled
+def _tail(p: float, q: float) -> float:  # pragma: no cover - compiled
     """AS241 for ``|q| > 0.425`` (the outer 15%)."""
     r = p if q <= 0.0 else 1.0 - p
     r = math.sqrt(-math.log(r))
@@ -201,7 +201,9 @@ def _tail(p, q):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def init_weights(c, key, table_seed, init_kind, param, D):  # pragma: no cover - compiled
+def init_weights(
+    c: Any, key: int, table_seed: np.uint64, init_kind: int, param: float, D: int
+) -> None:  # pragma: no cover - compiled
     """Write the initial weights of ``key`` into the row at ``c`` (a float32 pointer)."""
     if init_kind == INIT_ZEROS:
         for j in range(D):

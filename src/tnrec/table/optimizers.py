@@ -236,7 +236,9 @@ def optimizer_from_config(config: dict[str, Any]) -> SparseOptimizer:
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def update_row(kind, c, ci, g, i, hp, D):  # pragma: no cover - compiled
+def update_row(
+    kind: int, c: Any, ci: Any, g: np.ndarray, i: int, hp: np.ndarray, D: int
+) -> None:  # pragma: no cover - compiled
     """Apply optimizer ``kind`` to one row."""
     lr = hp[0]
     if kind == KIND_SGD:
@@ -293,7 +295,9 @@ def update_row(kind, c, ci, g, i, hp, D):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def init_state(kind, c, ci, hp, D, S):  # pragma: no cover - compiled
+def init_state(
+    kind: int, c: Any, ci: Any, hp: np.ndarray, D: int, S: int
+) -> None:  # pragma: no cover - compiled
     """Set the optimizer state of a freshly created row whose weights are written."""
     if kind == KIND_ADAGRAD:
         c[D] = np.float32(hp[1])

@@ -25,6 +25,8 @@ Rows freed by eviction go on a free list and are reused first.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba as nb
 import numpy as np
 
@@ -101,10 +103,12 @@ _PREFETCH_AHEAD = 16  # keys/rows: enough misses in flight, few enough to stay i
 # ---------------------------------------------------------------------------
 # Kernels. `bases` holds the chunks' addresses, `shift`/`lmask` locate a row,
 # `stride` is the record width in 4-byte slots.
+# A row pointer (`row_f32`, `row_i32`) is a numba raw pointer, typed `Any` here:
+# numba ignores the annotations, which only document the arguments for mypy.
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def prefetch_slot(slots, key):  # pragma: no cover - compiled
+def prefetch_slot(slots: np.ndarray, key: np.int64) -> None:  # pragma: no cover - compiled
     """Start fetching the home slot of ``key`` (both lines when it straddles two)."""
     a = slots.ctypes.data + home(key, slots.shape[0] - 1) * 12
     _prefetch_r(a)
@@ -112,7 +116,9 @@ def prefetch_slot(slots, key):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def lookup_rows(slots, keys, rows):  # pragma: no cover - compiled
+def lookup_rows(
+    slots: np.ndarray, keys: np.ndarray, rows: np.ndarray
+) -> int:  # pragma: no cover - compiled
     """Write the row of each key to ``rows`` (-1 when absent); return the absent count.
 
     The home slots of the key ``_PREFETCH_AHEAD`` positions ahead are
@@ -133,13 +139,15 @@ def lookup_rows(slots, keys, rows):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def row_address(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+def row_address(
+    bases: np.ndarray, r: int, shift: int, lmask: int, stride: int
+) -> int:  # pragma: no cover - compiled
     """Return the address of row ``r``'s first slot."""
     return bases[r >> shift] + np.int64(r & lmask) * stride * 4
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def prefetch_span(a, nbytes, write):  # pragma: no cover - compiled
+def prefetch_span(a: int, nbytes: int, write: bool) -> None:  # pragma: no cover - compiled
     """Start fetching every cache line of ``[a, a + nbytes)`` (for a write or a read)."""
     end = a + nbytes - 1
     while a <= end:
@@ -155,13 +163,17 @@ def prefetch_span(a, nbytes, write):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def prefetch_row(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+def prefetch_row(
+    bases: np.ndarray, r: int, shift: int, lmask: int, stride: int
+) -> None:  # pragma: no cover - compiled
     """Start fetching every cache line of row ``r`` (for an update that follows)."""
     prefetch_span(row_address(bases, r, shift, lmask, stride), stride * 4, True)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def row_f32(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+def row_f32(
+    bases: np.ndarray, r: int, shift: int, lmask: int, stride: int
+) -> Any:  # pragma: no cover - compiled
     """Return a float32 pointer to row ``r``'s slots (``c[j]`` is slot ``j``).
 
     A raw pointer, not a ``numba.carray`` view of the chunk: building the
@@ -171,13 +183,17 @@ def row_f32(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def row_i32(bases, r, shift, lmask, stride):  # pragma: no cover - compiled
+def row_i32(
+    bases: np.ndarray, r: int, shift: int, lmask: int, stride: int
+) -> Any:  # pragma: no cover - compiled
     """Return an int32 pointer to row ``r``'s slots."""
     return _i32_ptr(row_address(bases, r, shift, lmask, stride))
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def copy_weights(bases, stride, shift, lmask, r, D, out, i):  # pragma: no cover - compiled
+def copy_weights(
+    bases: np.ndarray, stride: int, shift: int, lmask: int, r: int, D: int, out: np.ndarray, i: int
+) -> None:  # pragma: no cover - compiled
     """Copy row ``r``'s weights into ``out[i]`` (zeros when ``r < 0``)."""
     if r < 0:
         for j in range(D):
@@ -189,20 +205,40 @@ def copy_weights(bases, stride, shift, lmask, r, D, out, i):  # pragma: no cover
 
 
 @nb.njit(nogil=True, cache=True)
-def gather(bases, stride, shift, lmask, rows, D, out):  # pragma: no cover - compiled
+def gather(
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    rows: np.ndarray,
+    D: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
     """Copy the weights of ``rows`` into ``out[n, D]``; rows < 0 give zeros."""
     for i in range(rows.shape[0]):
         copy_weights(bases, stride, shift, lmask, rows[i], D, out, i)
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def prefetch_row_r(bases, r, shift, lmask, stride, D):  # pragma: no cover - compiled
+def prefetch_row_r(
+    bases: np.ndarray, r: int, shift: int, lmask: int, stride: int, D: int
+) -> None:  # pragma: no cover - compiled
     """Start fetching the weights of row ``r`` (its first ``D`` slots) for reading."""
     prefetch_span(row_address(bases, r, shift, lmask, stride), D * 4, False)
 
 
 @nb.njit(nogil=True, cache=True)
-def lookup_gather(slots, bases, stride, shift, lmask, keys, rows, out, D):  # pragma: no cover
+def lookup_gather(
+    slots: np.ndarray,
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    keys: np.ndarray,
+    rows: np.ndarray,
+    out: np.ndarray,
+    D: int,
+) -> int:  # pragma: no cover
     """Find each key and copy its weights (zeros when absent); return the absent count.
 
     One software-pipelined pass: while key ``i``'s row is copied, key
@@ -238,7 +274,9 @@ def lookup_gather(slots, bases, stride, shift, lmask, keys, rows, out, D):  # pr
 
 
 @nb.njit(nogil=True, cache=True)
-def gather_records(bases, stride, shift, lmask, rows, out):  # pragma: no cover - compiled
+def gather_records(
+    bases: np.ndarray, stride: int, shift: int, lmask: int, rows: np.ndarray, out: np.ndarray
+) -> None:  # pragma: no cover - compiled
     """Copy whole records of ``rows`` into ``out[n, stride]``."""
     W = out.shape[1]
     for i in range(rows.shape[0]):
@@ -249,7 +287,9 @@ def gather_records(bases, stride, shift, lmask, rows, out):  # pragma: no cover 
 
 
 @nb.njit(nogil=True, cache=True)
-def scatter_records(bases, stride, shift, lmask, rows, block):  # pragma: no cover - compiled
+def scatter_records(
+    bases: np.ndarray, stride: int, shift: int, lmask: int, rows: np.ndarray, block: np.ndarray
+) -> None:  # pragma: no cover - compiled
     """Write whole records ``block[n, stride]`` into ``rows``."""
     W = block.shape[1]
     for i in range(rows.shape[0]):
@@ -261,21 +301,21 @@ def scatter_records(bases, stride, shift, lmask, rows, block):  # pragma: no cov
 
 @nb.njit(nogil=True, cache=True)
 def create_rows(
-    bases,
-    stride,
-    shift,
-    lmask,
-    keys,
-    rows,
-    table_seed,
-    init_kind,
-    init_param,
-    opt_kind,
-    hp,
-    D,
-    S,
-    generation,
-):  # pragma: no cover - compiled
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    keys: np.ndarray,
+    rows: np.ndarray,
+    table_seed: np.uint64,
+    init_kind: int,
+    init_param: float,
+    opt_kind: int,
+    hp: np.ndarray,
+    D: int,
+    S: int,
+    generation: np.int32,
+) -> None:  # pragma: no cover - compiled
     """Initialise new rows: weights from the initializer, fresh state and statistics."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -290,7 +330,9 @@ def create_rows(
 
 
 @nb.njit(nogil=True, cache=True)
-def count_row_duplicates(rows, bitmap):  # pragma: no cover - compiled
+def count_row_duplicates(
+    rows: np.ndarray, bitmap: np.ndarray
+) -> int:  # pragma: no cover - compiled
     """Return how many found rows (``>= 0``) repeat an earlier one; leave ``bitmap`` clear."""
     dup = 0
     for i in range(rows.shape[0]):
@@ -311,7 +353,9 @@ def count_row_duplicates(rows, bitmap):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def _count_non_finite(grads, show, click):  # pragma: no cover - compiled
+def _count_non_finite(
+    grads: np.ndarray, show: np.ndarray, click: np.ndarray
+) -> int:  # pragma: no cover - compiled
     bad = 0
     D = grads.shape[1]
     for i in range(grads.shape[0]):
@@ -326,7 +370,14 @@ def _count_non_finite(grads, show, click):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def check_lookup(slots, keys, grads, show, click, rows):  # pragma: no cover
+def check_lookup(
+    slots: np.ndarray,
+    keys: np.ndarray,
+    grads: np.ndarray,
+    show: np.ndarray,
+    click: np.ndarray,
+    rows: np.ndarray,
+) -> tuple[int, int]:  # pragma: no cover
     """Find the row of each key of a push and count its faults; write nothing to the table.
 
     Runs on one slice of a push (see :mod:`tnrec.table.threads`); duplicates
@@ -341,7 +392,9 @@ def check_lookup(slots, keys, grads, show, click, rows):  # pragma: no cover
 
 
 @nb.njit(nogil=True, cache=True)
-def check_rows(grads, show, click, rows):  # pragma: no cover - compiled
+def check_rows(
+    grads: np.ndarray, show: np.ndarray, click: np.ndarray, rows: np.ndarray
+) -> tuple[int, int]:  # pragma: no cover - compiled
     """:func:`check_lookup` for keys whose rows are already known (``-1``: unknown)."""
     bad = _count_non_finite(grads, show, click)
     unknown = 0
@@ -352,7 +405,9 @@ def check_rows(grads, show, click, rows):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True)
-def count_key_duplicates(keys, rows, missing, bitmap):  # pragma: no cover - compiled
+def count_key_duplicates(
+    keys: np.ndarray, rows: np.ndarray, missing: int, bitmap: np.ndarray
+) -> int:  # pragma: no cover - compiled
     """Count the keys of a looked-up batch that repeat an earlier one.
 
     Present duplicates share a row (found with the row bitmap); the
@@ -373,8 +428,21 @@ def count_key_duplicates(keys, rows, missing, bitmap):  # pragma: no cover - com
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _apply_one(
-    bases, stride, shift, lmask, r, grads, show, click, i, kind, hp, D, S, gen
-):  # pragma: no cover
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    r: int,
+    grads: np.ndarray,
+    show: np.ndarray,
+    click: np.ndarray,
+    i: int,
+    kind: int,
+    hp: np.ndarray,
+    D: int,
+    S: int,
+    gen: np.int32,
+) -> None:  # pragma: no cover
     c = row_f32(bases, r, shift, lmask, stride)
     ci = row_i32(bases, r, shift, lmask, stride)
     update_row(kind, c, ci, grads, i, hp, D)
@@ -386,8 +454,20 @@ def _apply_one(
 
 @nb.njit(nogil=True, cache=True, inline="always")
 def _apply_rows(
-    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen
-):  # pragma: no cover
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    rows: np.ndarray,
+    grads: np.ndarray,
+    show: np.ndarray,
+    click: np.ndarray,
+    kind: int,
+    hp: np.ndarray,
+    D: int,
+    S: int,
+    gen: np.int32,
+) -> None:  # pragma: no cover
     n = rows.shape[0]
     for i in range(min(n, _PREFETCH_AHEAD)):
         if rows[i] >= 0:
@@ -402,8 +482,20 @@ def _apply_rows(
 
 @nb.njit(nogil=True, cache=True)
 def apply_push(
-    bases, stride, shift, lmask, rows, grads, show, click, kind, hp, D, S, gen
-):  # pragma: no cover
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    rows: np.ndarray,
+    grads: np.ndarray,
+    show: np.ndarray,
+    click: np.ndarray,
+    kind: int,
+    hp: np.ndarray,
+    D: int,
+    S: int,
+    gen: np.int32,
+) -> None:  # pragma: no cover
     """Apply the optimizer and the statistics to ``rows`` (validated by the caller).
 
     Rows found in the index are ``>= 0``; others are skipped. The row
@@ -428,21 +520,21 @@ def apply_push(
 
 @nb.njit(nogil=True, cache=True)
 def lookup_apply(
-    slots,
-    bases,
-    stride,
-    shift,
-    lmask,
-    keys,
-    grads,
-    show,
-    click,
-    kind,
-    hp,
-    D,
-    S,
-    gen,
-):  # pragma: no cover - compiled
+    slots: np.ndarray,
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    keys: np.ndarray,
+    grads: np.ndarray,
+    show: np.ndarray,
+    click: np.ndarray,
+    kind: int,
+    hp: np.ndarray,
+    D: int,
+    S: int,
+    gen: np.int32,
+) -> int:  # pragma: no cover - compiled
     """Unchecked push: find every key, then update the found rows; return the unknown count.
 
     Two passes, each prefetching ahead: all lookups, then the updates (the
@@ -456,7 +548,16 @@ def lookup_apply(
 
 
 @nb.njit(nogil=True, cache=True)
-def decay(slots, bases, stride, shift, lmask, factor, delta_days, base):  # pragma: no cover
+def decay(
+    slots: np.ndarray,
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    factor: float,
+    delta_days: int,
+    base: int,
+) -> None:  # pragma: no cover
     """Multiply show/click by ``factor`` and age unseen days of every live row."""
     for s in range(slots.shape[0]):
         r = slots[s, 2]
@@ -466,25 +567,25 @@ def decay(slots, bases, stride, shift, lmask, factor, delta_days, base):  # prag
         ci = row_i32(bases, r, shift, lmask, stride)
         c[base] = np.float32(np.float64(c[base]) * factor)
         c[base + 1] = np.float32(np.float64(c[base + 1]) * factor)
-        days = np.int64(ci[base + 2]) + delta_days
-        ci[base + 2] = np.int32(min(days, 2147483647))
+        days = int(ci[base + 2]) + delta_days
+        ci[base + 2] = np.int32(min(days, _INT32_MAX))
 
 
 @nb.njit(nogil=True, cache=True)
 def select_evict(
-    slots,
-    bases,
-    stride,
-    shift,
-    lmask,
-    base,
-    use_show,
-    show_threshold,
-    use_days,
-    max_days,
-    combine_all,
-    out_keys,
-):  # pragma: no cover - compiled
+    slots: np.ndarray,
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    base: int,
+    use_show: bool,
+    show_threshold: float,
+    use_days: bool,
+    max_days: int,
+    combine_all: bool,
+    out_keys: np.ndarray,
+) -> int:  # pragma: no cover - compiled
     """Write the keys the policy deletes to ``out_keys``; return how many."""
     n = 0
     for s in range(slots.shape[0]):
