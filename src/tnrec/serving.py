@@ -35,7 +35,7 @@ from tnrec.feature_column import (
     NumericColumn,
     from_spec,
 )
-from tnrec.layers.pooling import _pool_forward, bag_scales, sequence_positions
+from tnrec.layers.pooling import bag_scales, pool_rows, sequence_positions
 from tnrec.losses import PREDICTIONS
 
 _INT64 = (-(2**63), 2**63)
@@ -234,8 +234,7 @@ class Predictor:
                         for k in pooled_idx
                     ]
                 )
-                out = np.empty((len(pooled_idx) * B, rows_.shape[1]), np.float32)  # [C*B, D]
-                _pool_forward(rows_, vids, offsets, scales, out.reshape(-1), B, False)
+                out = pool_rows(rows_, vids, offsets, scales, B)  # [C*B, D]
                 for n, k in enumerate(pooled_idx):
                     values[idx[k]] = torch.from_numpy(out[n * B : (n + 1) * B])
             for k, i in enumerate(idx):

@@ -34,7 +34,9 @@ from tnrec.errors import ArgumentError
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _pool_bag(E, vids, lo, hi, s, out, o, D):  # pragma: no cover - compiled
+def _pool_bag(
+    E: np.ndarray, vids: np.ndarray, lo: int, hi: int, s: float, out: np.ndarray, o: int, D: int
+) -> None:  # pragma: no cover - compiled
     """``out[o:o+D] = s * sum(E[vids[lo:hi]])`` (zeros for an empty bag)."""
     if hi == lo:
         for d in range(D):
@@ -53,7 +55,16 @@ def _pool_bag(E, vids, lo, hi, s, out, o, D):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _unpool_bag(grad_out, o, vids, lo, hi, s, grad_E, D):  # pragma: no cover - compiled
+def _unpool_bag(
+    grad_out: np.ndarray,
+    o: int,
+    vids: np.ndarray,
+    lo: int,
+    hi: int,
+    s: float,
+    grad_E: np.ndarray,
+    D: int,
+) -> None:  # pragma: no cover - compiled
     """``grad_E[vids[k]] += s * grad_out[o:o+D]`` for ``k`` in ``lo:hi``."""
     for k in range(lo, hi):
         v = vids[k]
@@ -62,7 +73,16 @@ def _unpool_bag(grad_out, o, vids, lo, hi, s, grad_E, D):  # pragma: no cover - 
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _pool_all(E, vids, offsets, scales, out, B, batch_major, D):  # pragma: no cover - compiled
+def _pool_all(
+    E: np.ndarray,
+    vids: np.ndarray,
+    offsets: np.ndarray,
+    scales: np.ndarray,
+    out: np.ndarray,
+    B: int,
+    batch_major: bool,
+    D: int,
+) -> None:  # pragma: no cover - compiled
     C = (offsets.shape[0] - 1) // B if B > 0 else 0
     for c in range(C):
         for b in range(B):
@@ -72,7 +92,16 @@ def _pool_all(E, vids, offsets, scales, out, B, batch_major, D):  # pragma: no c
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _unpool_all(grad_out, vids, offsets, scales, grad_E, B, batch_major, D):  # pragma: no cover
+def _unpool_all(
+    grad_out: np.ndarray,
+    vids: np.ndarray,
+    offsets: np.ndarray,
+    scales: np.ndarray,
+    grad_E: np.ndarray,
+    B: int,
+    batch_major: bool,
+    D: int,
+) -> None:  # pragma: no cover
     C = (offsets.shape[0] - 1) // B if B > 0 else 0
     for c in range(C):
         for b in range(B):
@@ -91,7 +120,15 @@ def _unpool_all(grad_out, vids, offsets, scales, grad_E, B, batch_major, D):  # 
 
 
 @nb.njit(nogil=True, cache=True)
-def _pool_forward(E, vids, offsets, scales, out, B, batch_major):  # pragma: no cover - compiled
+def _pool_forward(
+    E: np.ndarray,
+    vids: np.ndarray,
+    offsets: np.ndarray,
+    scales: np.ndarray,
+    out: np.ndarray,
+    B: int,
+    batch_major: bool,
+) -> None:  # pragma: no cover - compiled
     """Pool bag ``j = c*B + b`` into the flat ``out`` (see the module docstring)."""
     D = E.shape[1]
     if D == 1:
@@ -101,7 +138,15 @@ def _pool_forward(E, vids, offsets, scales, out, B, batch_major):  # pragma: no 
 
 
 @nb.njit(nogil=True, cache=True)
-def _pool_backward(grad_out, vids, offsets, scales, grad_E, B, batch_major):  # pragma: no cover
+def _pool_backward(
+    grad_out: np.ndarray,
+    vids: np.ndarray,
+    offsets: np.ndarray,
+    scales: np.ndarray,
+    grad_E: np.ndarray,
+    B: int,
+    batch_major: bool,
+) -> None:  # pragma: no cover
     """``grad_E[v] += scales[j] * grad_out[block of bag j]`` for every occurrence ``v``."""
     D = grad_E.shape[1]
     if D == 1:
@@ -173,6 +218,43 @@ def pool(
             f"concat_columns={concat_columns} x batch_size={batch_size}."
         )
     return PoolBags.apply(E, vids, offsets, scales, batch_size, concat_columns)  # type: ignore[no-any-return]
+
+
+def pool_rows(
+    rows: npt.NDArray[np.float32],
+    vids: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    scales: npt.NDArray[np.float32],
+    batch_size: int,
+) -> npt.NDArray[np.float32]:
+    """Return ``out[C*B, D]``, ``out[j] = scales[j] * sum(rows[vids[offsets[j]:offsets[j+1]]])``.
+
+    The forward of :func:`pool` on NumPy arrays, without autograd: serving pools
+    the rows it looked up with the training kernel. Bag ``c*B + b`` is column
+    ``c`` of batch row ``b`` (``B = batch_size``); empty bags give zero rows.
+
+    Raises:
+        ArgumentError: the bag count is not a multiple of ``batch_size``.
+
+    Example:
+        >>> rows = np.array([[1.0, 2.0], [10.0, 20.0]], np.float32)   # [U=2, D=2]
+        >>> vids = np.array([0, 1, 1], np.int64)                      # [N=3]
+        >>> offsets = np.array([0, 2, 2, 3], np.int64)                # bags {0, 1}, {}, {1}
+        >>> pool_rows(rows, vids, offsets, np.float32([0.5, 1, 1]), batch_size=3)
+        array([[ 5.5, 11. ],
+               [ 0. ,  0. ],
+               [10. , 20. ]], dtype=float32)
+    """
+    bags = offsets.shape[0] - 1
+    if bags % max(batch_size, 1) or (batch_size == 0 and bags):
+        raise ArgumentError(
+            f"pool_rows: {bags} bags are not a whole number of columns of "
+            f"batch_size={batch_size} rows."
+        )
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    out = np.empty((bags, rows.shape[1]), np.float32)  # [C*B, D]
+    _pool_forward(rows, vids, offsets, scales, out.reshape(-1), batch_size, False)
+    return out
 
 
 def sequence_positions(
