@@ -58,6 +58,7 @@ from tnrec.table import files as table_files
 
 if TYPE_CHECKING:
     from tnrec.layers.spec import CheckpointModel as Model
+    from tnrec.ps import ParameterServer
 
 FORMAT = "tnrec.checkpoint"
 FORMAT_VERSION = 2
@@ -293,7 +294,7 @@ def hold_lock(model_dir: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lock_for_run(ps: Any, model_dir: str) -> Iterator[None]:
+def lock_for_run(ps: ParameterServer, model_dir: str) -> Iterator[None]:
     """Rank 0 holds ``model_dir``'s lock for the block; every worker fails together if it can't.
 
     Raises:
@@ -379,7 +380,7 @@ def save(
     return os.path.join(model_dir, dt, str(generation))
 
 
-def _next_generation(ps: Any, model_dir: str) -> int:
+def _next_generation(ps: ParameterServer, model_dir: str) -> int:
     """Agree on the next generation number: one more than any on disk or in the pointer.
 
     Rank 0 also removes temporary directories left by killed saves (the lock
@@ -714,7 +715,7 @@ def _read_dense(path: str, manifest: dict[str, Any]) -> tuple[str, dict[str, Any
 
 
 def _read_worker_state(
-    path: str, manifest: dict[str, Any], ps: Any, report: LoadReport
+    path: str, manifest: dict[str, Any], ps: ParameterServer, report: LoadReport
 ) -> str | None:
     """This worker's input position (into ``report``) and torch RNG state, when the
     checkpoint was written by as many workers (otherwise positions do not apply)."""

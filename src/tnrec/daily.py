@@ -28,6 +28,7 @@ import numpy as np
 from tnrec.callbacks import Callback, Checkpoint
 from tnrec.checkpoint import lock_for_run
 from tnrec.errors import ArgumentError, EmptyInputError
+from tnrec.model import Model
 
 
 @dataclass
@@ -64,7 +65,7 @@ def days_between(earlier: str | None, later: str) -> int:
 
 
 def train_days(
-    model: Any,
+    model: Model,
     days: Sequence[tuple[str, Callable[[], Any]]],
     model_dir: str,
     *,
@@ -124,7 +125,7 @@ def train_days(
 
 
 def _train_days(
-    model: Any,
+    model: Model,
     days: Sequence[tuple[str, Callable[[], Any]]],
     model_dir: str,
     *,
@@ -158,7 +159,7 @@ def _train_days(
                 day.next_day_auc = model.evaluate(make_reader(), verbose=0).get("auc")
             except EmptyInputError:
                 day.next_day_auc = None  # nothing to score; training the day says why
-        part = model._worker_part(make_reader())
+        part = model.worker_part(make_reader())
         position = report.position if report is not None and dt == done_dt and not done else None
         first_epoch = 0
         if position is not None and hasattr(part, "seek"):
@@ -244,7 +245,7 @@ class _FromEpoch:
         return iter(self.part)
 
 
-def _sizes(model: Any) -> dict[str, int]:
+def _sizes(model: Model) -> dict[str, int]:
     """Global key count of every table."""
     names = sorted(model.tables)
     local = np.array([len(model.tables[n]) for n in names], np.float64)

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import torch
 
 from tnrec import metrics as metrics_lib
+from tnrec.data import Batch
 from tnrec.distribute import current_strategy
 from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.layers import EmbeddingFeatures
@@ -26,7 +27,7 @@ from tnrec.losses import (
     mse,
 )
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
-from tnrec.ps import LocalPS, unique_inverse
+from tnrec.ps import LocalPS, ParameterServer, unique_inverse
 from tnrec.ps.unique import show_click
 from tnrec.table import SparseOptimizer, SparseTable
 from tnrec.trainer import TrainingLoops
@@ -91,11 +92,11 @@ class Model(TrainingLoops, torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self._ps: Any = None
+        self._ps: ParameterServer | None = None
         self._table_layers: dict[str, list[EmbeddingFeatures]] = {}
         self._layers: list[EmbeddingFeatures] = []
         self._step: dict[str, TemporaryMatrix] | None = None
-        self._batch: Any = None
+        self._batch: Batch | None = None
         self._heads: list[Head] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self.default_dense_optimizer: SparseOptimizer | torch.optim.Optimizer | None = None
@@ -130,7 +131,7 @@ class Model(TrainingLoops, torch.nn.Module):
         return layers
 
     def build_tables(
-        self, ps_factory: Callable[[dict[str, SparseTable]], Any] | None = None
+        self, ps_factory: Callable[[dict[str, SparseTable]], ParameterServer] | None = None
     ) -> None:
         """Create one table per table name (layers naming one table share it) and the PS.
 
@@ -171,15 +172,18 @@ class Model(TrainingLoops, torch.nn.Module):
             ps_factory = strategy.make_ps if strategy is not None else LocalPS
         for table in tables.values():
             table.generation = 1  # rows changed before the first checkpoint belong to generation 1
-        self._ps = ps_factory(tables)
+        ps = ps_factory(tables)
+        self._ps = ps
         # Every worker starts from rank 0's dense parameters.
-        self._ps.broadcast_parameters([*self.parameters(), *self.buffers()])
+        ps.broadcast_parameters([*self.parameters(), *self.buffers()])
 
     @property
-    def ps(self) -> Any:
+    def ps(self) -> ParameterServer:
         """The parameter server holding the tables (built on first use)."""
         if self._ps is None:
             self.build_tables()
+        if self._ps is None:
+            raise RuntimeError("internal error: build_tables() made no parameter server")
         return self._ps
 
     @property
@@ -247,7 +251,7 @@ class Model(TrainingLoops, torch.nn.Module):
 
     # ------------------------------------------------------------------ the step
 
-    def pull(self, batch: Any) -> dict[str, TemporaryMatrix]:
+    def pull(self, batch: Batch) -> dict[str, TemporaryMatrix]:
         """Pull every table's rows for ``batch`` into temporary matrices (before forward).
 
         Creates missing keys when ``self.training``; otherwise unknown keys read
@@ -338,7 +342,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self._step = None
         self._batch = None
 
-    def _click_label_values(self, batch: Any) -> npt.NDArray[np.float64]:
+    def _click_label_values(self, batch: Batch) -> npt.NDArray[np.float64]:
         name = self.click_label or (self._heads[0].label if self._heads else None)
         if batch.labels.shape[1] == 0:
             return np.zeros(batch.size, np.float64)
@@ -348,7 +352,7 @@ class Model(TrainingLoops, torch.nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def embed(self, batch: Any) -> dict[str, Any]:
+    def embed(self, batch: Batch) -> dict[str, Any]:
         """Return each embedding layer's output for ``batch``, by layer name."""
         if self._ps is None:
             self.build_tables()
@@ -358,7 +362,7 @@ class Model(TrainingLoops, torch.nn.Module):
             for layer in self._layers
         }
 
-    def forward(self, batch: Any) -> Any:
+    def forward(self, batch: Batch) -> Any:
         """Return the model's output(s): ``forward_dense(embed(batch), dense)``."""
         dense = torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32))  # [B, F]
         return self.forward_dense(self.embed(batch), dense)
@@ -490,7 +494,7 @@ class Model(TrainingLoops, torch.nn.Module):
             out[h.name] = t.squeeze(-1) if t.dim() == 2 and t.shape[-1] == 1 else t
         return out
 
-    def _label(self, head: Head, batch: Any) -> npt.NDArray[np.float32]:
+    def _label(self, head: Head, batch: Batch) -> npt.NDArray[np.float32]:
         if head.label is None:
             if len(batch.label_names) != 1:
                 raise ArgumentError(
@@ -501,7 +505,7 @@ class Model(TrainingLoops, torch.nn.Module):
         return batch.label(head.label)
 
     def compute_loss(
-        self, batch: Any, outputs: Any, norm: float | None = None
+        self, batch: Batch, outputs: Any, norm: float | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Return this worker's term of the normalised loss and each head's predictions.
 
@@ -529,7 +533,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self._loss_state += (weighted_sum, float(w.sum()))
         return total, preds
 
-    def _update_metrics(self, batch: Any, preds: dict[str, torch.Tensor]) -> None:
+    def _update_metrics(self, batch: Batch, preds: dict[str, torch.Tensor]) -> None:
         for h in self._heads:
             if h.metrics:
                 y = self._label(h, batch)
@@ -539,7 +543,7 @@ class Model(TrainingLoops, torch.nn.Module):
 
     # ------------------------------------------------------------------ steps
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Batch) -> dict[str, float]:
         """One training step: pull, forward, loss, backward, push, dense step, metrics.
 
         Override it to change the step; ``fit`` calls it once per batch. A step
@@ -593,7 +597,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self._update_metrics(batch, preds)
         return {"loss": float(loss.detach())}
 
-    def test_step(self, batch: Any) -> dict[str, Any]:
+    def test_step(self, batch: Batch) -> dict[str, Any]:
         """One evaluation step (no table changes): pull without creating, forward, metrics.
 
         Override it to change the step; ``evaluate`` calls it once per batch. A
@@ -619,7 +623,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self._update_metrics(batch, preds)
         return {"loss": float(loss), "predictions": {h: p.numpy() for h, p in preds.items()}}
 
-    def predict_step(self, batch: Any) -> dict[str, npt.NDArray[np.float32]]:
+    def predict_step(self, batch: Batch) -> dict[str, npt.NDArray[np.float32]]:
         """Return each head's predictions for ``batch`` (no table changes)."""
         with torch.no_grad():
             self.pull(batch)

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from tnrec import metrics as metrics_lib
 from tnrec.callbacks import Callback, History, ProgressBar
+from tnrec.data import Batch
 from tnrec.errors import ArgumentError, DataError, EmptyInputError
 from tnrec.losses import SINGLE, Head, label_problem, weight_problem
+from tnrec.ps import ParameterServer
+
+DataT = TypeVar("DataT", bound=Iterable[Batch])
 
 
 def _listed(items: list[str], most: int = 5) -> str:
@@ -33,17 +37,18 @@ class TrainingLoops:
     stop_training: bool
     global_step: int
     fit_data: Any
-    ps: Any
     training: bool
 
     if TYPE_CHECKING:  # provided by torch.nn.Module and Model; declared for the type checker only
 
+        @property
+        def ps(self) -> ParameterServer: ...
         def train(self, mode: bool = True) -> Any: ...
         def eval(self) -> Any: ...
-        def train_step(self, batch: Any) -> dict[str, float]: ...
-        def test_step(self, batch: Any) -> dict[str, Any]: ...
-        def predict_step(self, batch: Any) -> dict[str, np.ndarray]: ...
-        def _label(self, head: Head, batch: Any) -> np.ndarray: ...
+        def train_step(self, batch: Batch) -> dict[str, float]: ...
+        def test_step(self, batch: Batch) -> dict[str, Any]: ...
+        def predict_step(self, batch: Batch) -> dict[str, np.ndarray]: ...
+        def _label(self, head: Head, batch: Batch) -> np.ndarray: ...
         def _require_compiled(self, verb: str) -> None: ...
 
     def _reset_metrics(self) -> None:
@@ -66,7 +71,7 @@ class TrainingLoops:
 
     # -------------------------------------------------- checks every worker takes together
 
-    def _batch_problem(self, batch: Any) -> str | None:
+    def _batch_problem(self, batch: Batch) -> str | None:
         """Return why this worker's ``batch`` cannot be trained or evaluated on (None if it can).
 
         Labels outside their head's range and bad sample weights are checked per
@@ -83,7 +88,7 @@ class TrainingLoops:
                     return problem
         return weight_problem(batch.weights, batch.row_ids)
 
-    def _global_size(self, batch: Any, where: str) -> tuple[float, float]:
+    def _global_size(self, batch: Batch, where: str) -> tuple[float, float]:
         """Return ``(rows, sum of sample weights)`` of the global batch (one all-reduce).
 
         The same all-reduce tells every worker whether any worker's batch failed
@@ -138,21 +143,32 @@ class TrainingLoops:
 
     # -------------------------------------------------------------------------- loops
 
-    def _worker_part(self, data: Iterable[Any]) -> Iterable[Any]:
-        """Split a whole tnrec reader per worker; anything else is taken as this worker's part."""
+    def worker_part(self, data: DataT) -> DataT:
+        """Return the part of ``data`` this worker reads (``fit``/``evaluate``/``predict`` use it).
+
+        With W > 1 workers a whole tnrec reader (one whose ``world_size`` is 1) is
+        split: ``data.split(rank, W)``. Anything else -- a reader already split,
+        a list of batches -- is taken as this worker's part already, and in one
+        process every ``data`` is its own part.
+
+        Example:
+            >>> # part = model.worker_part(tn.data.read_parquet(files, cols))
+            >>> # part.seek(position); model.fit(part)   # resume where this worker stopped
+        """
         W = self.ps.world_size
-        if W > 1 and getattr(data, "world_size", None) == 1 and hasattr(data, "split"):
-            return data.split(self.ps.rank, W)  # type: ignore[attr-defined]
+        split = getattr(data, "split", None)
+        if W > 1 and getattr(data, "world_size", None) == 1 and split is not None:
+            return cast(DataT, split(self.ps.rank, W))
         return data
 
-    def _synced(self, part: Iterable[Any], steps: int | None) -> Iterator[Any]:
+    def _synced(self, part: Iterable[Batch], steps: int | None) -> Iterator[Batch]:
         """Yield batches while any worker has one; a worker out of data yields empty batches.
 
         One small all-reduce per step tells whether any worker still has data,
         so uneven input never deadlocks the collectives of a step.
         """
         it = iter(part)
-        template = None
+        template: Batch | None = None
         step = 0
         while steps is None or step < steps:
             batch = next(it, None)
@@ -171,9 +187,10 @@ class TrainingLoops:
             yield batch
 
     @staticmethod
-    def _empty_batch(part: Any, template: Any) -> Any:
-        if hasattr(part, "empty_batch"):
-            return part.empty_batch()
+    def _empty_batch(part: Iterable[Batch], template: Batch | None) -> Batch:
+        empty_batch = getattr(part, "empty_batch", None)
+        if empty_batch is not None:
+            return cast(Batch, empty_batch())
         if template is not None:
             return template.slice(0, 0)
         raise ArgumentError(
@@ -184,18 +201,18 @@ class TrainingLoops:
 
     def fit(
         self,
-        data: Iterable[Any],
+        data: Iterable[Batch],
         epochs: int = 1,
         callbacks: Sequence[Callback] = (),
         steps_per_epoch: int | None = None,
-        validation_data: Iterable[Any] | None = None,
+        validation_data: Iterable[Batch] | None = None,
         verbose: int = 1,
         log_every: int = 100,
     ) -> History:
         """Train for ``epochs`` passes over ``data`` (batches, re-iterated each epoch).
 
         Under a :class:`~tnrec.distribute.PsStrategy` a whole tnrec reader is
-        split per worker (``reader.split(rank, W)``); every worker keeps taking
+        split per worker (:meth:`worker_part`); every worker keeps taking
         steps, with empty batches once its part is exhausted, until all are
         done, so every row is trained exactly once per epoch.
 
@@ -217,7 +234,7 @@ class TrainingLoops:
         if not isinstance(epochs, int) or epochs < 0:
             raise ArgumentError(f"`epochs` must be an int >= 0. Received: epochs={epochs!r}.")
         history = History()
-        self.fit_data = part = self._worker_part(data)
+        self.fit_data = part = self.worker_part(data)
         cbs = [*callbacks, history]
         for cb in cbs:
             cb.model = self
@@ -260,7 +277,7 @@ class TrainingLoops:
 
     def evaluate(
         self,
-        data: Iterable[Any],
+        data: Iterable[Batch],
         steps: int | None = None,
         verbose: int = 1,
         exact_auc: bool = False,
@@ -292,7 +309,7 @@ class TrainingLoops:
         kept: dict[str, list[tuple[Any, Any, Any]]] = {h.name: [] for h in self._heads}
         seen = np.zeros(2, np.float64)  # [rows, sum of sample weights], this worker
         try:
-            for batch in self._synced(self._worker_part(data), steps):
+            for batch in self._synced(self.worker_part(data), steps):
                 logs = self.test_step(batch)
                 w = batch.weights if batch.weights is not None else np.ones(batch.size)
                 seen += (batch.size, float(w.sum()))
@@ -350,7 +367,7 @@ class TrainingLoops:
         return preds
 
     def predict(
-        self, data: Iterable[Any], steps: int | None = None, verbose: int = 0
+        self, data: Iterable[Batch], steps: int | None = None, verbose: int = 0
     ) -> dict[str, np.ndarray]:
         """Return row ids, labels and predictions over ``data``, as TensorNet does.
 
@@ -372,7 +389,7 @@ class TrainingLoops:
         out: dict[str, list[np.ndarray]] = {"row_id": []}
         start = time.perf_counter()
         try:
-            for batch in self._synced(self._worker_part(data), steps):
+            for batch in self._synced(self.worker_part(data), steps):
                 preds = self.predict_step(batch)
                 out["row_id"].append(batch.row_ids)
                 for j, name in enumerate(batch.label_names):
