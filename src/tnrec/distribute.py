@@ -20,15 +20,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 
 from tnrec.errors import ArgumentError, DistributedError
-from tnrec.ps import LocalPS
+from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.comm import Comm
 from tnrec.ps.sharded import ShardedPS
-from tnrec.table import SparseTable
+from tnrec.table import SparseTable, threads
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -40,6 +39,7 @@ class LaunchEnv:
     rank: int
     world_size: int
     local_rank: int
+    local_world_size: int  # workers on this machine, sharing its CPUs
     master_addr: str | None
     master_port: str | None
 
@@ -70,10 +70,16 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
             "Environment: RANK must be in [0, WORLD_SIZE). "
             f"Received: RANK={rank}, WORLD_SIZE={world}."
         )
+    local_world = read_int("LOCAL_WORLD_SIZE", 1)
+    if local_world < 1:
+        raise ArgumentError(
+            f"Environment variable LOCAL_WORLD_SIZE must be >= 1. Received: {local_world}."
+        )
     return LaunchEnv(
         rank=rank,
         world_size=world,
         local_rank=read_int("LOCAL_RANK", 0),
+        local_world_size=local_world,
         master_addr=env.get("MASTER_ADDR"),
         master_port=env.get("MASTER_PORT"),
     )
@@ -90,7 +96,9 @@ class PsStrategy:
     the tables stay in host memory) or, in a single process, does nothing. It
     becomes the current strategy: models built afterwards shard their tables
     over the workers, ``fit`` splits a reader per worker and keeps workers in
-    step when their data is uneven.
+    step when their data is uneven. It also tells the tables how many workers
+    share this machine (``LOCAL_WORLD_SIZE``), which divides their default
+    thread count (:func:`tnrec.table.threads.set_local_workers`).
 
     Args:
         backend: torch.distributed backend.
@@ -130,6 +138,8 @@ class PsStrategy:
                         f"group at {self.env.master_addr}:{self.env.master_port}: {e}"
                     ) from e
             self.comm = Comm(self.timeout_s)
+        # the table kernels' default thread count shares the machine's CPUs among its workers
+        threads.set_local_workers(self.env.local_world_size)
         _current = self
 
     @property
@@ -147,7 +157,7 @@ class PsStrategy:
         """True with more than one worker."""
         return self.comm is not None
 
-    def make_ps(self, tables: dict[str, SparseTable]) -> Any:
+    def make_ps(self, tables: dict[str, SparseTable]) -> ParameterServer:
         """Return the parameter server for ``tables`` (sharded when distributed)."""
         if self.comm is None:
             return LocalPS(tables)
@@ -176,6 +186,7 @@ class PsStrategy:
         self.comm = None
         if _current is self:
             _current = None
+            threads.set_local_workers(1)  # no strategy: this process is alone
 
 
 def current_strategy() -> PsStrategy | None:

@@ -14,9 +14,11 @@ under both the OpenMP and the workqueue threading layers. Plain threads over
 cached ``nogil`` kernels avoid numba's threading layer altogether.
 
 The thread count is ``TNREC_TABLE_THREADS`` when set, else the number of CPUs
-this process may run on divided by the workers torchrun started on this
-machine (``LOCAL_WORLD_SIZE``), at least 1 and at most 4;
-:func:`set_num_threads` changes it. Batches
+this process may run on divided by the workers sharing this machine, at least
+1 and at most 4; :func:`set_num_threads` changes it. The table does not read
+the launcher's environment: :class:`tnrec.distribute.PsStrategy`, which does,
+tells it how many workers share the machine (``LOCAL_WORLD_SIZE``) through
+:func:`set_local_workers`; without a strategy a process counts as alone. Batches
 below ``2 * MIN_SLICE`` keys run in the calling thread alone (a thread
 hand-off costs tens of microseconds, about a thousand keys of work).
 """
@@ -31,7 +33,15 @@ from typing import TypeVar
 
 from tnrec.errors import ArgumentError
 
-__all__ = ["MIN_SLICE", "get_num_threads", "run", "set_num_threads", "slices"]
+__all__ = [
+    "MIN_SLICE",
+    "get_local_workers",
+    "get_num_threads",
+    "run",
+    "set_local_workers",
+    "set_num_threads",
+    "slices",
+]
 
 MIN_SLICE = 8192  # keys a thread gets at least
 _MAX_DEFAULT = 4
@@ -57,14 +67,13 @@ def _default_threads() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
-    try:  # workers started by torchrun on this machine share its CPUs
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    return max(1, min(cpus // local, _MAX_DEFAULT))
+    # the workers on this machine share its CPUs
+    return max(1, min(cpus // _local_workers, _MAX_DEFAULT))
 
 
-_num_threads: int | None = None
+_local_workers = 1  # workers sharing this machine's CPUs (set_local_workers)
+_num_threads: int | None = None  # None: the default, computed on first use
+_explicit = False  # set_num_threads chose the count: set_local_workers keeps it
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 
@@ -86,14 +95,50 @@ def set_num_threads(n: int) -> None:
     Raises:
         ArgumentError: ``n`` is not an int >= 1.
     """
-    global _num_threads, _pool
+    global _num_threads, _explicit
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ArgumentError(f"set_num_threads(n): n must be an int >= 1. Received: {n!r}.")
     with _lock:
         _num_threads = n
-        if _pool is not None:
-            _pool.shutdown(wait=True)
-            _pool = None
+        _explicit = True
+        _drop_pool()
+
+
+def get_local_workers() -> int:
+    """Return how many workers share this machine's CPUs (1 without a strategy)."""
+    return _local_workers
+
+
+def set_local_workers(n: int) -> None:
+    """Share this machine's CPUs among ``n`` workers: the default count is ``CPUs // n``.
+
+    The default stays at least 1 and at most 4.
+
+    :class:`tnrec.distribute.PsStrategy` calls it with the launcher's
+    ``LOCAL_WORLD_SIZE`` when it is created and with 1 when it shuts down. A
+    count chosen by :func:`set_num_threads` or ``TNREC_TABLE_THREADS`` is kept.
+
+    Raises:
+        ArgumentError: ``n`` is not an int >= 1.
+    """
+    global _local_workers, _num_threads
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ArgumentError(f"set_local_workers(n): n must be an int >= 1. Received: {n!r}.")
+    with _lock:
+        if n == _local_workers:
+            return
+        _local_workers = n
+        if not _explicit:
+            _num_threads = None  # recomputed on next use
+            _drop_pool()
+
+
+def _drop_pool() -> None:
+    """Shut the pool down (under ``_lock``); the next threaded call starts one of the new size."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
 
 
 def _get_pool() -> ThreadPoolExecutor:

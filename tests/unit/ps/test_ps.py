@@ -6,10 +6,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.keys import INT64_MAX, INT64_MIN
-from tnrec.distribute import launch_env
+from tnrec.distribute import PsStrategy, launch_env
 from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.ps import LocalPS, owner_of, unique_inverse
-from tnrec.table import SGD, SparseTable, bucket_of
+from tnrec.table import SGD, SparseTable, bucket_of, threads
 
 KEYS = np.array([0, 1, -1, INT64_MIN, INT64_MAX], dtype=np.int64)  # buckets 431 193 32 987 679
 
@@ -63,13 +63,32 @@ def test_launch_env_reads_the_launcher_variables():
             "RANK": "2",
             "WORLD_SIZE": "4",
             "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": "29500",
         }
     )
     assert (env.rank, env.world_size, env.local_rank, env.master_port) == (2, 4, 0, "29500")
-    assert launch_env({}).world_size == 1
+    assert env.local_world_size == 2
+    assert (launch_env({}).world_size, launch_env({}).local_world_size) == (1, 1)
+    with pytest.raises(ArgumentError, match="Environment variable LOCAL_WORLD_SIZE must be an int"):
+        launch_env({"LOCAL_WORLD_SIZE": "2x"})
+    with pytest.raises(ArgumentError, match="LOCAL_WORLD_SIZE must be >= 1. Received: 0"):
+        launch_env({"LOCAL_WORLD_SIZE": "0"})
     with pytest.raises(ArgumentError, match="Environment variable WORLD_SIZE must be an int"):
         launch_env({"WORLD_SIZE": "two"})
     with pytest.raises(ArgumentError, match=r"RANK must be in \[0, WORLD_SIZE\)"):
         launch_env({"RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_the_strategy_tells_the_tables_how_many_workers_share_the_machine(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert threads.get_local_workers() == 1  # no strategy: alone on the machine
+    strategy = PsStrategy()
+    try:
+        assert threads.get_local_workers() == 3
+    finally:
+        strategy.shutdown()
+    assert threads.get_local_workers() == 1

@@ -140,11 +140,47 @@ def test_thread_count_arguments(monkeypatch):
         threads._default_threads()
     monkeypatch.setenv("TNREC_TABLE_THREADS", "3")
     assert threads._default_threads() == 3
-    monkeypatch.delenv("TNREC_TABLE_THREADS")
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ArgumentError, match=r"set_local_workers\(n\): .* Received: 0"):
+        threads.set_local_workers(0)
+
+
+@pytest.fixture
+def fresh_count(monkeypatch):
+    """The thread count of a new process (never set, one worker on the machine), restored after."""
+    monkeypatch.delenv("TNREC_TABLE_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_num_threads", None)
+    monkeypatch.setattr(threads, "_explicit", False)
+    monkeypatch.setattr(threads, "_local_workers", 1)
+    yield
+    with threads._lock:
+        threads._drop_pool()  # sized for this test's count
+
+
+def test_default_count_is_the_cpus_over_the_local_workers_at_most_4(fresh_count, monkeypatch):
     cpus = len(os.sched_getaffinity(0))
-    assert threads._default_threads() == max(1, min(cpus, 4))
+    assert threads.get_local_workers() == 1  # no strategy told the table otherwise
+    assert threads.get_num_threads() == max(1, min(cpus, 4))
+    # the launcher's environment is read by tnrec.distribute, never by the table
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert threads._default_threads() == max(1, min(cpus // 2, 4))
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")  # more workers than CPUs: one thread each
-    assert threads._default_threads() == 1
+    assert threads.get_num_threads() == max(1, min(cpus, 4))
+    threads.set_local_workers(2)  # what PsStrategy does under LOCAL_WORLD_SIZE=2
+    assert threads.get_num_threads() == max(1, min(cpus // 2, 4))
+    threads.set_local_workers(cpus + 1)  # more workers than CPUs: one thread each
+    assert threads.get_num_threads() == 1
+    threads.set_local_workers(1)
+    assert threads.get_num_threads() == max(1, min(cpus, 4))
+
+
+@pytest.mark.parametrize(
+    "choose",
+    [
+        pytest.param(lambda mp: threads.set_num_threads(3), id="set_num_threads"),
+        pytest.param(lambda mp: mp.setenv("TNREC_TABLE_THREADS", "3"), id="TNREC_TABLE_THREADS"),
+    ],
+)
+def test_a_chosen_count_is_kept_whatever_the_local_workers(fresh_count, monkeypatch, choose):
+    choose(monkeypatch)
+    threads.set_local_workers(2)
+    assert threads.get_num_threads() == 3
+    threads.set_local_workers(1)
+    assert threads.get_num_threads() == 3
