@@ -28,10 +28,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from tnrec.errors import NonFiniteError
+from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.ps.comm import Comm
 from tnrec.ps.unique import unique_inverse
 from tnrec.table import SparseTable, bucket_of
+
+_NO_KEYS = np.zeros(0, np.int64)  # a table absent from a pull's or push's `keys`
 
 
 def owner_of(keys: npt.NDArray[np.int64], world_size: int) -> npt.NDArray[np.int64]:
@@ -43,6 +45,7 @@ def owner_of(keys: npt.NDArray[np.int64], world_size: int) -> npt.NDArray[np.int
 class _Requested:
     """The requesting side of one table's pull, kept for the push."""
 
+    keys: npt.NDArray[np.int64]  # [U] the keys pulled (the caller's array, for the push's check)
     order: npt.NDArray[np.int64]  # [U] the table's keys sorted by owner (stable)
     counts: npt.NDArray[np.int64]  # [W] keys sent to each owner
 
@@ -72,6 +75,7 @@ class ShardedPS:
         self._names = sorted(self.tables)
         self._req: dict[str, _Requested] = {}
         self._own: dict[str, _Owned] = {}
+        self._pulled = False  # a pull came before (a model without tables pulls none)
 
     def owns(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Return which of ``keys`` this worker owns."""
@@ -84,14 +88,14 @@ class ShardedPS:
     ) -> dict[str, npt.NDArray[np.float32]]:
         """Return the rows of each table's unique ``keys`` from their owners (``float32[U, D]``)."""
         W, names = self.world_size, self._names
-        empty = np.zeros(0, np.int64)
+        self._pulled = True
         send_keys, send_counts = [], np.zeros((W, len(names)), np.int64)  # [W, T]
         for t, name in enumerate(names):
-            k = keys.get(name, empty)
+            k = keys.get(name, _NO_KEYS)
             owner = owner_of(k, W)
             order = np.argsort(owner, kind="stable")
             counts = np.bincount(owner, minlength=W)
-            self._req[name] = _Requested(order, counts)
+            self._req[name] = _Requested(k, order, counts)
             send_counts[:, t] = counts
             send_keys.append((k[order], counts))
         # Flat send buffer grouped by destination, then table.
@@ -169,8 +173,16 @@ class ShardedPS:
     ) -> None:
         """Send each key's gradient and show/click to its owner, which applies them once.
 
-        ``keys`` must be those of the preceding :meth:`pull`, in the same order.
+        ``keys`` must be those of the preceding :meth:`pull`, in the same order:
+        the gradients travel in the order the pull sent the keys, without the keys.
+
+        Raises:
+            ArgumentError: ``keys`` differ from the preceding pull's (checked
+                before anything is sent: a worker that pushes other keys raises
+                here, and the others' push then fails at the collective timeout).
+            NonFiniteError: a pushed gradient is NaN or infinite.
         """
+        self._check_push_keys(keys)
         W, names = self.world_size, self._names
         parts = []
         for name in names:
@@ -212,6 +224,35 @@ class ShardedPS:
                 np.ascontiguousarray(acc[:, D]),
                 np.ascontiguousarray(acc[:, D + 1]),
             )
+
+    def _check_push_keys(self, keys: Mapping[str, npt.NDArray[np.int64]]) -> None:
+        """Raise unless ``keys`` are the preceding pull's, table by table.
+
+        The model pushes the very arrays it pulled, so the check is one identity
+        test a table; other arrays are compared whole (no per-key Python).
+        """
+        if not self._pulled:
+            raise ArgumentError(
+                f"ShardedPS.push (rank {self.rank}): no pull came before; push sends the "
+                "gradients of the keys the preceding pull(keys, create) returned rows for."
+            )
+        unknown = sorted(set(keys) - set(self._names))
+        if unknown:
+            raise ArgumentError(
+                f"ShardedPS.push (rank {self.rank}): `keys` names tables that were not pulled: "
+                f"{unknown}. Tables: {self._names}."
+            )
+        for name in self._names:
+            pulled = self._req[name].keys  # [U]
+            got = keys.get(name, _NO_KEYS)
+            if got is pulled:
+                continue
+            if got.shape != pulled.shape or not np.array_equal(got, pulled):
+                raise ArgumentError(
+                    f'Table "{name}" (rank {self.rank}): push got {got.shape[0]} key(s) that are '
+                    f"not the {pulled.shape[0]} key(s) of the preceding pull, in its order; "
+                    "push the keys pull returned rows for."
+                )
 
     # ---------------------------------------------------------------- dense
 
