@@ -69,12 +69,6 @@ def _load_run(model_dir: str, timeout_s: float | None = None) -> tuple[ZooModel,
     return model, cfg
 
 
-def _worker_part(reader: Reader) -> Reader:
-    """This worker's part of ``reader`` (the reader itself in one process)."""
-    s = current_or_new_strategy()
-    return reader.split(s.rank, s.world_size) if s.world_size > 1 else reader
-
-
 def _input_name(data: Sequence[str] | None) -> str:
     return "--data " + " ".join(data) if data else "the run config's test data"
 
@@ -121,7 +115,7 @@ def evaluate(
         DataError: a bad row, or no row that can be read (names the input).
     """
     model, cfg = _load_run(model_dir, timeout_s)
-    part = _worker_part(make_reader(cfg, "test", paths=data))
+    part = model.worker_part(make_reader(cfg, "test", paths=data))
     try:
         return model.evaluate(part, verbose=verbose, exact_auc=True)
     except DataError as e:
@@ -198,7 +192,7 @@ def predict(
         raise ConfigError(f"--format must be 'parquet' or 'csv'. Received: {kind!r}.")
     _check_output_file(output)
     model, cfg = _load_run(model_dir, timeout_s)
-    part = _worker_part(make_reader(cfg, "test", paths=data))
+    part = model.worker_part(make_reader(cfg, "test", paths=data))
     cols = model.predict(part)
     _require_rows(model, part, data)
     table = pa.table({k: pa.array(np.asarray(v)) for k, v in cols.items()})
