@@ -566,14 +566,17 @@ def _blocks(f: io.BufferedReader, pos: int, hi: int, size: int) -> Iterator[byte
             return
         cut = len(data) if pos + len(data) >= hi else data.rfind(b"\n") + 1
         if cut == 0:  # a line longer than the block: read on to its end
-            parts = [data]
-            while True:
-                more = f.read(min(size, hi - pos - sum(len(p) for p in parts)))
-                end = more.find(b"\n") + 1
-                if not more or end:
-                    parts.append(more[:end] if end else more)
+            parts, got = [data], len(data)
+            while pos + got < hi:
+                more = f.read(min(max(size, 1 << 16), hi - pos - got))
+                if not more:
                     break
-                parts.append(more)
-            data, cut = b"".join(parts), sum(len(p) for p in parts)
+                end = more.find(b"\n") + 1
+                parts.append(more[:end] if end else more)
+                got += end or len(more)
+                if end:
+                    break
+            data = b"".join(parts)
+            cut = len(data)
         yield data if cut == len(data) else data[:cut]
         pos += cut
