@@ -30,8 +30,8 @@ path.
 The package: :mod:`~tnrec.cli.entry` (the parser), :mod:`~tnrec.cli.train`,
 :mod:`~tnrec.cli.run` (evaluate, predict, export), :mod:`~tnrec.cli.demo`,
 :mod:`~tnrec.cli.inspection`, and the application files they read and write:
-:mod:`~tnrec.cli.config` (the run config) and :mod:`~tnrec.cli.artifacts`
-(``model.json``).
+:mod:`~tnrec.cli.config` (the run config), :mod:`~tnrec.cli.inputs` (its
+input files and readers) and :mod:`~tnrec.cli.artifacts` (``model.json``).
 """
 
 from tnrec.cli.demo import demo

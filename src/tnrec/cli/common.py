@@ -138,10 +138,10 @@ def model_params(cfg: RunConfig) -> dict[str, Any]:
     """The constructor arguments of the configured model (besides columns and optimizers)."""
     m = cfg.model
     params: dict[str, Any] = {"seed": cfg.seed}
-    if m["name"] != "lr":
-        params.update(embedding_dim=m["embedding_dim"], hidden_units=list(m["hidden_units"]))
-    if m["name"] == "dcn":
-        params["cross_layers"] = m["cross_layers"]
+    if m.name != "lr":
+        params.update(embedding_dim=m.embedding_dim, hidden_units=list(m.hidden_units))
+    if m.name == "dcn":
+        params["cross_layers"] = m.cross_layers
     return params
 
 
@@ -152,7 +152,7 @@ def build_model(cfg: RunConfig) -> ZooModel:
     """
     torch.manual_seed(cfg.seed)
     model = build(
-        cfg.model["name"],
+        cfg.model.name,
         make_columns(cfg),
         sparse_optimizer=make_optimizer(cfg, "sparse"),
         dense_optimizer=make_optimizer(cfg, "dense"),

@@ -72,39 +72,48 @@ and ``inf`` are refused).
 ``data.train`` globs the whole input is one day labelled ``"train"``. An
 unknown key is an error that names the closest valid key. Every input (each
 training day, the test data) must match files that hold at least one row;
-:func:`check_inputs` checks them all before training starts.
+:func:`tnrec.cli.inputs.check_inputs` checks them all before training starts.
+
+:func:`load_config` returns a :class:`RunConfig`: each table above is a
+dataclass (:class:`ModelConfig`, :class:`DataConfig`, ...) whose fields are
+its keys, with these defaults (``cfg.model.name``, ``cfg.data.train_days``);
+``[optimizer.sparse]`` and ``[optimizer.dense]`` stay tables (dicts),
+checked by :func:`make_optimizer`. The keys, their types and defaults are
+read from the dataclasses.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import glob
+import functools
 import hashlib
 import json
 import math
 import os
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from types import NoneType, UnionType
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from tnrec.data import Reader, criteo_columns, list_files, read_criteo, read_csv, read_parquet
-from tnrec.errors import ArgumentError, ConfigError, DataError, SpecError
+from tnrec.data import criteo_columns
+from tnrec.errors import ArgumentError, ConfigError, SpecError
 from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
 from tnrec.models import MODELS
 from tnrec.optimizer import SparseOptimizer
 from tnrec.table import OPTIMIZERS, EvictionPolicy
 
 __all__ = [
+    "CheckpointConfig",
+    "DataConfig",
+    "DistributedConfig",
+    "EvictionConfig",
+    "ModelConfig",
+    "OptimizerConfig",
     "RunConfig",
-    "check_inputs",
+    "TrainConfig",
     "config_from_dict",
-    "day_files",
-    "input_files",
     "key_digests",
     "load_config",
     "make_columns",
@@ -114,8 +123,137 @@ __all__ = [
 
 MODEL_NAMES = tuple(MODELS)
 FORMATS = ("parquet", "csv", "criteo")
-DEFAULT_PATTERN = {"parquet": "*.parquet", "csv": "*.csv", "criteo": "*"}
 BAD_ROW_MODES = ("raise", "skip")
+
+_ONE_OR_LIST = "one item or a list"
+# A list of str, where the file may give one str (read as a one-item list).
+StrList = Annotated[list[str], _ONE_OR_LIST]
+
+
+# --------------------------------------------------------------------------- the sections
+
+
+@dataclass
+class ModelConfig:
+    """``[model]``: the zoo model and its sizes (see :class:`RunConfig` for an example)."""
+
+    name: str = "deepfm"
+    embedding_dim: int = 16
+    hidden_units: list[int] = field(default_factory=lambda: [400, 400, 400])
+    cross_layers: int = 3
+
+
+@dataclass
+class DataConfig:
+    """``[data]``: the inputs (paths absolute; a single path or day read as a one-item list)."""
+
+    format: str = "parquet"
+    train: StrList | None = None
+    test: StrList | None = None
+    dir: str | None = None
+    train_days: StrList | None = None
+    test_days: StrList | None = None
+    pattern: str | None = None
+    label: str = "label"
+    delimiter: str = ","
+    header: bool = True
+    shuffle: bool = True
+    prefetch: int = 2
+    on_bad_row: str = "raise"
+
+
+@dataclass
+class OptimizerConfig:
+    """``[optimizer]``: two free-form tables, ``type`` and hyper-parameters (checked later)."""
+
+    sparse: dict[str, Any] = field(
+        default_factory=lambda: {"type": "adagrad", "learning_rate": 0.05}
+    )
+    dense: dict[str, Any] = field(default_factory=lambda: {"type": "adam", "learning_rate": 0.001})
+
+
+@dataclass
+class TrainConfig:
+    """``[train]``: passes, batch size, logging."""
+
+    epochs: int = 1
+    batch_size: int = 4096
+    steps_per_epoch: int | None = None
+    log_every: int = 100
+
+
+@dataclass
+class CheckpointConfig:
+    """``[checkpoint]``: the model dir (absolute; default ``<output_dir>/model``), saves, keep."""
+
+    dir: str | None = None
+    save_every_n_steps: int | None = None
+    keep: int | None = None
+
+
+@dataclass
+class EvictionConfig:
+    """``[eviction]``: every table's decay and eviction (:func:`make_policy`)."""
+
+    show_decay_rate: float = 0.98
+    show_threshold: float | None = None
+    max_unseen_days: int | None = None
+    combine: str = "any"
+
+
+@dataclass
+class DistributedConfig:
+    """``[distributed]``: the collective timeout under torchrun."""
+
+    timeout_s: float = 300.0
+
+
+@dataclass
+class RunConfig:
+    """A validated run configuration (paths absolute); see the module doc for the keys.
+
+    ``source`` is the file it was read from (named by errors); every other
+    field is a key of the file. Build one with :func:`load_config` or
+    :func:`config_from_dict`, which check every value.
+
+    Example:
+        >>> cfg = config_from_dict({"data": {"train": "day1/*.parquet"}}, "/runs/run.toml")
+        >>> cfg.model.name, cfg.train.batch_size, cfg.data.train
+        ('deepfm', 4096, ['/runs/day1/*.parquet'])
+        >>> cfg.model_dir, cfg.to_dict()["optimizer"]["sparse"]["type"]
+        ('/runs/runs/tnrec/model', 'adagrad')
+    """
+
+    source: str  # not a key: the file
+    seed: int = 0
+    output_dir: str = "runs/tnrec"
+    columns: str | list[dict[str, Any]] = "criteo"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    @property
+    def has_test(self) -> bool:
+        """Whether the config names test data."""
+        return bool(self.data.test or self.data.test_days)
+
+    @property
+    def model_dir(self) -> str:
+        """The checkpoint root: ``checkpoint.dir``, else ``<output_dir>/model``."""
+        return self.checkpoint.dir or os.path.join(self.output_dir, "model")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the config as a JSON-ready dict (what ``config.json`` holds)."""
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+
+# --------------------------------------------------------------------------- the schema
 
 
 @dataclass(frozen=True)
@@ -126,70 +264,51 @@ class Field:
     default: Any = None
 
 
-SCHEMA: dict[str, Any] = {
-    "seed": Field(("int",), 0),
-    "output_dir": Field(("str",), "runs/tnrec"),
-    "columns": Field(("str", "[table]"), "criteo"),
-    "model": {
-        "name": Field(("str",), "deepfm"),
-        "embedding_dim": Field(("int",), 16),
-        "hidden_units": Field(("[int]",), [400, 400, 400]),
-        "cross_layers": Field(("int",), 3),
-    },
-    "data": {
-        "format": Field(("str",), "parquet"),
-        "train": Field(("str", "[str]")),
-        "test": Field(("str", "[str]")),
-        "dir": Field(("str",)),
-        "train_days": Field(("str", "[str]")),
-        "test_days": Field(("str", "[str]")),
-        "pattern": Field(("str",)),
-        "label": Field(("str",), "label"),
-        "delimiter": Field(("str",), ","),
-        "header": Field(("bool",), True),
-        "shuffle": Field(("bool",), True),
-        "prefetch": Field(("int",), 2),
-        "on_bad_row": Field(("str",), "raise"),
-    },
-    "optimizer": {
-        "sparse": Field(("table",), {"type": "adagrad", "learning_rate": 0.05}),
-        "dense": Field(("table",), {"type": "adam", "learning_rate": 0.001}),
-    },
-    "train": {
-        "epochs": Field(("int",), 1),
-        "batch_size": Field(("int",), 4096),
-        "steps_per_epoch": Field(("int",)),
-        "log_every": Field(("int",), 100),
-    },
-    "checkpoint": {
-        "dir": Field(("str",)),
-        "save_every_n_steps": Field(("int",)),
-        "keep": Field(("int",)),
-    },
-    "eviction": {
-        "show_decay_rate": Field(("float",), 0.98),
-        "show_threshold": Field(("float",)),
-        "max_unseen_days": Field(("int",)),
-        "combine": Field(("str",), "any"),
-    },
-    "distributed": {
-        "timeout_s": Field(("float",), 300.0),
-    },
-}
-
-COLUMN_KEYS = {
-    "category": ("type", "key", "dtype", "embedding_share"),
-    "numeric": ("type", "key", "default", "transforms"),
-    "bucketized": ("type", "key", "default", "transforms", "boundaries"),
-}
+_SCALAR_KINDS = {int: "int", float: "float", bool: "bool", str: "str"}
 
 
-def _all_paths(schema: dict[str, Any], prefix: str = "") -> list[str]:
+def _kinds(hint: Any) -> tuple[str, ...]:
+    """The kinds of a type hint: ``int | None``: ``("int",)``; ``StrList``: ``("str", "[str]")``."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        return tuple(k for a in args if a is not NoneType for k in _kinds(a))
+    if origin is Annotated:
+        kinds = _kinds(args[0])
+        return (kinds[0][1:-1], *kinds) if _ONE_OR_LIST in args[1:] else kinds
+    if origin is list:
+        return (f"[{_kinds(args[0])[0]}]",)
+    if origin is dict:
+        return ("table",)
+    if hint in _SCALAR_KINDS:
+        return (_SCALAR_KINDS[hint],)
+    raise RuntimeError(f"internal error: no config kind for the type {hint!r}")
+
+
+@functools.cache
+def _schema(cls: type) -> dict[str, Field | type]:
+    """``{key: Field}`` of a config dataclass, or ``{key: dataclass}`` for a section."""
+    hints = get_type_hints(cls, include_extras=True)
+    out: dict[str, Field | type] = {}
+    for f in dataclasses.fields(cls):
+        if cls is RunConfig and f.name == "source":  # the file, not a key
+            continue
+        hint = hints[f.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            out[f.name] = hint
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out[f.name] = Field(_kinds(hint), default)
+    return out
+
+
+def _paths(cls: type, prefix: str = "", leaves: bool = False) -> list[str]:
+    """Every key of ``cls`` as a dotted path, depth first (``leaves``: not the sections)."""
     out = []
-    for k, v in schema.items():
-        out.append(prefix + k)
-        if isinstance(v, dict):
-            out.extend(_all_paths(v, f"{prefix}{k}."))
+    for k, v in _schema(cls).items():
+        if isinstance(v, Field) or not leaves:
+            out.append(prefix + k)
+        if not isinstance(v, Field):
+            out.extend(_paths(v, f"{prefix}{k}.", leaves))
     return out
 
 
@@ -201,7 +320,7 @@ def _unknown(where: str, path: str, valid: Sequence[str]) -> ConfigError:
     if close:
         hint = f'; did you mean "{prefix}{close[0]}"?'
     else:
-        everywhere = _all_paths(SCHEMA)
+        everywhere = _paths(RunConfig)
         by_leaf = {p.rsplit(".", 1)[-1]: p for p in everywhere}
         leaf = difflib.get_close_matches(name, list(by_leaf), n=1, cutoff=0.8)
         hint = f'; did you mean "{by_leaf[leaf[0]]}"?' if leaf else ""
@@ -227,73 +346,40 @@ def _kind_ok(kind: str, v: Any) -> bool:
     raise RuntimeError(f"internal error: unknown config kind {kind!r}")
 
 
-def _check_kind(where: str, path: str, field: Field, v: Any) -> Any:
-    if v is None and field.default is None:  # an optional key left unset (config.json)
+def _check_kind(where: str, path: str, spec: Field, v: Any) -> Any:
+    if v is None and spec.default is None:  # an optional key left unset (config.json)
         return v
-    if any(_kind_ok(k, v) for k in field.kinds):
+    kind = next((k for k in spec.kinds if _kind_ok(k, v)), None)
+    if kind is not None:
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f'{where}: "{path}" must be a finite number. Received: {v!r}.')
-        return v
-    want = " or ".join(k.replace("[", "list of ").replace("]", "s") for k in field.kinds)
+        return [v] if f"[{kind}]" in spec.kinds else v  # one item of a list: a one-item list
+    want = " or ".join(k.replace("[", "list of ").replace("]", "s") for k in spec.kinds)
     raise ConfigError(f'{where}: "{path}" must be {want}. Received: {v!r} ({type(v).__name__}).')
 
 
-def _validate(where: str, doc: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> dict:
+def _validate(where: str, doc: dict[str, Any], cls: type, prefix: str = "") -> dict[str, Any]:
+    """The checked values of ``doc``, keyed as ``cls``'s fields; each section built as its class.
+
+    A key ``doc`` leaves out takes the dataclass default.
+    """
+    schema = _schema(cls)
     out: dict[str, Any] = {}
     for key, value in doc.items():
         path = prefix + key
         if key not in schema:
             raise _unknown(where, path, list(schema))
         spec = schema[key]
-        if isinstance(spec, dict):
-            if not isinstance(value, dict):
-                raise ConfigError(
-                    f'{where}: "{path}" must be a table ([{path}]). Received: {value!r}.'
-                )
-            out[key] = _validate(where, value, spec, path + ".")
-        else:
+        if isinstance(spec, Field):
             out[key] = _check_kind(where, path, spec, value)
-    for key, spec in schema.items():
-        if key not in out:
-            out[key] = (
-                _validate(where, {}, spec, prefix + key + ".")
-                if isinstance(spec, dict)
-                else (json.loads(json.dumps(spec.default)))
-            )
+        elif not isinstance(value, dict):
+            raise ConfigError(f'{where}: "{path}" must be a table ([{path}]). Received: {value!r}.')
+        else:
+            out[key] = spec(**_validate(where, value, spec, path + "."))
     return out
 
 
-@dataclass
-class RunConfig:
-    """A validated run configuration (paths absolute); see the module doc for the keys."""
-
-    source: str
-    seed: int
-    output_dir: str
-    columns: str | list[dict[str, Any]]
-    model: dict[str, Any]
-    data: dict[str, Any]
-    optimizer: dict[str, Any]
-    train: dict[str, Any]
-    checkpoint: dict[str, Any]
-    eviction: dict[str, Any]
-    distributed: dict[str, Any]
-
-    @property
-    def has_test(self) -> bool:
-        """Whether the config names test data."""
-        return bool(self.data["test"] or self.data["test_days"])
-
-    @property
-    def model_dir(self) -> str:
-        """The checkpoint root: ``checkpoint.dir``, else ``<output_dir>/model``."""
-        return self.checkpoint["dir"] or os.path.join(self.output_dir, "model")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the config as a JSON-ready dict (what ``config.json`` holds)."""
-        d = dataclasses.asdict(self)
-        d.pop("source")
-        return d
+# --------------------------------------------------------------------------- loading
 
 
 def _abs(base: str, p: str) -> str:
@@ -305,49 +391,48 @@ def _check_values(where: str, c: RunConfig) -> None:
         if v is not None and v < minimum:
             raise ConfigError(f'{where}: "{path}" must be >= {minimum}. Received: {v}.')
 
-    if c.model["name"].lower() not in MODEL_NAMES:
-        close = difflib.get_close_matches(c.model["name"].lower(), MODEL_NAMES, n=1)
+    m, d = c.model, c.data
+    if m.name.lower() not in MODEL_NAMES:
+        close = difflib.get_close_matches(m.name.lower(), MODEL_NAMES, n=1)
         hint = f'; did you mean "{close[0]}"?' if close else ""
         raise ConfigError(
-            f'{where}: "model.name" must be one of {MODEL_NAMES}. '
-            f"Received: {c.model['name']!r}{hint}"
+            f'{where}: "model.name" must be one of {MODEL_NAMES}. Received: {m.name!r}{hint}'
         )
-    c.model["name"] = c.model["name"].lower()
-    if c.data["format"] not in FORMATS:
+    m.name = m.name.lower()
+    if d.format not in FORMATS:
         raise ConfigError(
-            f'{where}: "data.format" must be one of {FORMATS}. Received: {c.data["format"]!r}.'
+            f'{where}: "data.format" must be one of {FORMATS}. Received: {d.format!r}.'
         )
-    positive("model.embedding_dim", c.model["embedding_dim"])
-    positive("model.cross_layers", c.model["cross_layers"], 0)
-    for i, u in enumerate(c.model["hidden_units"]):
+    positive("model.embedding_dim", m.embedding_dim)
+    positive("model.cross_layers", m.cross_layers, 0)
+    for i, u in enumerate(m.hidden_units):
         positive(f"model.hidden_units[{i}]", u)
     positive("seed", c.seed, 0)
-    positive("train.epochs", c.train["epochs"])
-    positive("train.batch_size", c.train["batch_size"])
-    positive("train.steps_per_epoch", c.train["steps_per_epoch"])
-    positive("train.log_every", c.train["log_every"])
-    positive("data.prefetch", c.data["prefetch"], 0)
-    positive("checkpoint.save_every_n_steps", c.checkpoint["save_every_n_steps"])
-    positive("checkpoint.keep", c.checkpoint["keep"])
-    if c.distributed["timeout_s"] <= 0:
+    positive("train.epochs", c.train.epochs)
+    positive("train.batch_size", c.train.batch_size)
+    positive("train.steps_per_epoch", c.train.steps_per_epoch)
+    positive("train.log_every", c.train.log_every)
+    positive("data.prefetch", d.prefetch, 0)
+    positive("checkpoint.save_every_n_steps", c.checkpoint.save_every_n_steps)
+    positive("checkpoint.keep", c.checkpoint.keep)
+    if c.distributed.timeout_s <= 0:
         raise ConfigError(
-            f'{where}: "distributed.timeout_s" must be > 0. '
-            f"Received: {c.distributed['timeout_s']!r}."
+            f'{where}: "distributed.timeout_s" must be > 0. Received: {c.distributed.timeout_s!r}.'
         )
-    if c.data["on_bad_row"] not in BAD_ROW_MODES:
+    if d.on_bad_row not in BAD_ROW_MODES:
         raise ConfigError(
             f'{where}: "data.on_bad_row" must be one of {BAD_ROW_MODES}. '
-            f"Received: {c.data['on_bad_row']!r}."
+            f"Received: {d.on_bad_row!r}."
         )
-    if len(c.data["delimiter"]) != 1:
+    if len(d.delimiter) != 1:
         raise ConfigError(
-            f'{where}: "data.delimiter" must be one character. Received: {c.data["delimiter"]!r}.'
+            f'{where}: "data.delimiter" must be one character. Received: {d.delimiter!r}.'
         )
-    days = c.data["train_days"] or []
-    repeated = sorted({d for d in days if days.count(d) > 1})
+    days = d.train_days or []
+    repeated = sorted({dt for dt in days if days.count(dt) > 1})
     if repeated:
         raise ConfigError(f'{where}: "data.train_days" repeats day(s) {repeated}; list each once.')
-    if not (c.data["train"] or (c.data["dir"] and c.data["train_days"])):
+    if not (d.train or (d.dir and d.train_days)):
         raise ConfigError(
             f'{where}: no training data: set "data.train" (files/globs) or "data.dir" and '
             '"data.train_days".'
@@ -400,37 +485,23 @@ def config_from_dict(doc: dict[str, Any], where: str, output_dir: str | None = N
     """
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: a run config must be a table. Received: {type(doc).__name__}.")
-    v = _validate(where, doc, SCHEMA)
+    cfg = RunConfig(where, **_validate(where, doc, RunConfig))
     base = os.path.dirname(os.path.abspath(where))
-    d = v["data"]
-    for key in ("train", "test"):
-        if isinstance(d[key], str):
-            d[key] = [d[key]]
-        if d[key]:
-            d[key] = [_abs(base, p) for p in d[key]]
-    for key in ("train_days", "test_days"):
-        if isinstance(d[key], str):
-            d[key] = [d[key]]
-    if d["dir"]:
-        d["dir"] = _abs(base, d["dir"])
-    if v["checkpoint"]["dir"]:
-        v["checkpoint"]["dir"] = _abs(base, v["checkpoint"]["dir"])
-    out = os.path.abspath(output_dir) if output_dir else _abs(base, v["output_dir"])
-    cfg = RunConfig(
-        where,
-        v["seed"],
-        out,
-        v["columns"],
-        v["model"],
-        d,
-        v["optimizer"],
-        v["train"],
-        v["checkpoint"],
-        v["eviction"],
-        v["distributed"],
-    )
+    d = cfg.data
+    if d.train:
+        d.train = [_abs(base, p) for p in d.train]
+    if d.test:
+        d.test = [_abs(base, p) for p in d.test]
+    if d.dir:
+        d.dir = _abs(base, d.dir)
+    if cfg.checkpoint.dir:
+        cfg.checkpoint.dir = _abs(base, cfg.checkpoint.dir)
+    cfg.output_dir = os.path.abspath(output_dir) if output_dir else _abs(base, cfg.output_dir)
     _check_values(where, cfg)
     return cfg
+
+
+# --------------------------------------------------------------------------- what a config builds
 
 
 def make_policy(cfg: RunConfig) -> EvictionPolicy:
@@ -442,10 +513,10 @@ def make_policy(cfg: RunConfig) -> EvictionPolicy:
     e = cfg.eviction
     try:
         return EvictionPolicy(
-            show_decay_rate=float(e["show_decay_rate"]),
-            show_threshold=None if e["show_threshold"] is None else float(e["show_threshold"]),
-            max_unseen_days=e["max_unseen_days"],
-            combine=e["combine"],
+            show_decay_rate=float(e.show_decay_rate),
+            show_threshold=None if e.show_threshold is None else float(e.show_threshold),
+            max_unseen_days=e.max_unseen_days,
+            combine=e.combine,
         )
     except ArgumentError as err:
         raise ConfigError(f"{cfg.source}: eviction: {err}") from None
@@ -458,7 +529,7 @@ def make_optimizer(cfg: RunConfig, which: str) -> SparseOptimizer:
         ConfigError: unknown type or hyper-parameter (closest one named), bad value.
     """
     where, path = cfg.source, f"optimizer.{which}"
-    doc = dict(cfg.optimizer[which])
+    doc = dict(cfg.optimizer.sparse if which == "sparse" else cfg.optimizer.dense)
     kind = str(doc.pop("type", "")).lower()
     types = (
         OPTIMIZERS if which == "sparse" else {k: v for k, v in OPTIMIZERS.items() if k != "ftrl"}
@@ -478,6 +549,13 @@ def make_optimizer(cfg: RunConfig, which: str) -> SparseOptimizer:
         return cls(**doc)
     except ArgumentError as e:
         raise ConfigError(f"{where}: {path}: {e}") from None
+
+
+COLUMN_KEYS = {
+    "category": ("type", "key", "dtype", "embedding_share"),
+    "numeric": ("type", "key", "default", "transforms"),
+    "bucketized": ("type", "key", "default", "transforms", "boundaries"),
+}
 
 
 def make_columns(cfg: RunConfig) -> list[Column]:
@@ -519,159 +597,6 @@ def make_columns(cfg: RunConfig) -> list[Column]:
         raise ConfigError(f'{cfg.source}: "columns": {e}') from None
 
 
-def _expand(patterns: Sequence[str], label: str, error: type[ArgumentError]) -> list[str]:
-    files: list[str] = []
-    for p in patterns:
-        matches = sorted(m for m in glob.glob(p) if os.path.isfile(m))
-        if not matches:
-            raise error(f'{label}: pattern "{p}" matches no file.')
-        files.extend(matches)
-    return files
-
-
-def _holds_rows(cfg: RunConfig, path: str) -> bool:
-    """Whether ``path`` holds a row: Parquet metadata, or text beyond the CSV header line."""
-    d = cfg.data
-    if d["format"] == "parquet":
-        try:
-            with pq.ParquetFile(path) as f:
-                return bool(f.metadata.num_rows > 0)
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f'file "{path}": cannot be read as Parquet: {e}') from None
-    try:
-        size = os.path.getsize(path)
-        if d["format"] == "csv" and d["header"] and size:
-            with open(path, "rb") as f:
-                return size > len(f.readline())
-        return size > 0
-    except OSError as e:
-        raise DataError(f'file "{path}": cannot be read: {e.strerror}') from None
-
-
-def _check_rows(
-    cfg: RunConfig, files: Sequence[str], label: str, error: type[ArgumentError]
-) -> None:
-    if not any(_holds_rows(cfg, f) for f in files):
-        shown = ", ".join(files[:3]) + (f", ... ({len(files)} files)" if len(files) > 3 else "")
-        raise error(f"{label}: the input holds no rows (files: {shown}).")
-
-
-def day_files(cfg: RunConfig, which: str, days: Sequence[str]) -> list[str]:
-    """Return the files of ``days`` under ``data.dir`` (``data.pattern`` in each day's directory).
-
-    Raises:
-        ConfigError: a day matches no file (the error names the key and the day).
-    """
-    d = cfg.data
-    pattern = d["pattern"] or DEFAULT_PATTERN[d["format"]]
-    try:
-        return list_files(d["dir"], list(days), pattern)
-    except DataError as e:
-        raise ConfigError(f'{cfg.source}: "data.{which}_days": {e}') from None
-
-
-def input_files(
-    cfg: RunConfig,
-    which: str,
-    *,
-    paths: Sequence[str] | None = None,
-    days: Sequence[str] | None = None,
-) -> list[str]:
-    """Return the checked files of the ``train`` or ``test`` data (or of ``paths``, or ``days``).
-
-    Args:
-        cfg: the run config.
-        which: ``"train"`` or ``"test"``.
-        paths: files/globs given on the command line (``--data``) instead of the config's.
-        days: days under ``data.dir`` instead of the config's.
-
-    Raises:
-        ConfigError: no such data in the config, a pattern or day matches no
-            file, or the files hold no rows (the error names the key and the
-            pattern or day).
-        ArgumentError: the same for ``paths`` (named ``--data``).
-        DataError: a Parquet file cannot be read (named).
-    """
-    d = cfg.data
-    error: type[ArgumentError] = ConfigError
-    if paths:
-        label, error = "--data " + " ".join(paths), ArgumentError
-        files = _expand([os.path.abspath(p) for p in paths], "--data", error)
-    elif days or (not d[which] and d["dir"] and d[f"{which}_days"]):
-        days = list(days or d[f"{which}_days"])
-        label = f'{cfg.source}: "data.{which}_days" {", ".join(days)}'
-        files = day_files(cfg, which, days)
-    elif d[which]:
-        label = f'{cfg.source}: "data.{which}"'
-        files = _expand(d[which], label, error)
-    else:
-        raise ConfigError(
-            f'{cfg.source}: no {which} data: set "data.{which}" or "data.dir" and '
-            f'"data.{which}_days" (or pass --data).'
-        )
-    _check_rows(cfg, files, label, error)
-    return files
-
-
-def check_inputs(cfg: RunConfig) -> None:
-    """Check every input of the config now: each training day (or the train globs), the test data.
-
-    Raises:
-        ConfigError: as :func:`input_files`.
-        DataError: as :func:`input_files`.
-    """
-    if cfg.data["train"]:
-        input_files(cfg, "train")
-    else:
-        for dt in cfg.data["train_days"]:
-            input_files(cfg, "train", days=[dt])
-    if cfg.has_test:
-        input_files(cfg, "test")
-
-
-def make_reader(
-    cfg: RunConfig,
-    which: str,
-    *,
-    paths: Sequence[str] | None = None,
-    days: Sequence[str] | None = None,
-    shuffle: bool = False,
-) -> Reader:
-    """Return the reader of the ``train`` or ``test`` data (or of ``paths``, or of ``days``).
-
-    The files are checked by :func:`input_files`; the reader takes
-    ``data.on_bad_row``.
-
-    Raises:
-        ConfigError: as :func:`input_files`.
-        ArgumentError: as :func:`input_files`.
-        DataError: as :func:`input_files`.
-    """
-    d = cfg.data
-    files = input_files(cfg, which, paths=paths, days=days)
-    cols = make_columns(cfg)
-    common: dict[str, Any] = dict(
-        batch_size=cfg.train["batch_size"],
-        shuffle=shuffle,
-        seed=cfg.seed,
-        prefetch=d["prefetch"],
-        label=d["label"],
-        on_bad_row=d["on_bad_row"],
-    )
-    if d["format"] == "parquet":
-        return read_parquet(files, cols, **common)
-    if d["format"] == "csv":
-        return read_csv(files, cols, delimiter=d["delimiter"], header=d["header"], **common)
-    return read_criteo(files, cols, **common)
-
-
-def _leaf_keys(schema: dict[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for k, v in schema.items():
-        out.extend(_leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k])
-    return out
-
-
 def _digest(value: Any) -> int:
     text = json.dumps(value, sort_keys=True, allow_nan=False)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "big")
@@ -686,7 +611,7 @@ def key_digests(cfg: RunConfig) -> list[tuple[str, int]]:
     """
     doc = cfg.to_dict()
     out = []
-    for key in _leaf_keys(SCHEMA):
+    for key in _paths(RunConfig, leaves=True):
         value: Any = doc
         for part in key.split("."):
             value = value[part]

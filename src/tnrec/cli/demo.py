@@ -8,9 +8,7 @@ import tempfile
 from typing import Any
 
 from tnrec.cli.common import check_number, dir_problem
-from tnrec.cli.config import (
-    load_config,
-)
+from tnrec.cli.config import load_config
 from tnrec.cli.train import train
 from tnrec.errors import ArgumentError
 

@@ -9,9 +9,7 @@ from collections.abc import Sequence
 
 from tnrec import checkpoint
 from tnrec.cli.common import current_or_new_strategy, number_arg, to_json
-from tnrec.cli.config import (
-    load_config,
-)
+from tnrec.cli.config import load_config
 from tnrec.cli.demo import demo
 from tnrec.cli.inspection import inspect
 from tnrec.cli.run import evaluate, export, part_path, predict
@@ -86,7 +84,7 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "train":
         cfg = load_config(args.config, output_dir=args.output_dir)
         if args.timeout_s is not None:
-            cfg.distributed["timeout_s"] = args.timeout_s
+            cfg.distributed.timeout_s = args.timeout_s
         logs = train(cfg, eval_next_day=args.eval_next_day)
         if current_or_new_strategy().rank == 0:
             print(to_json({k: v for k, v in logs.items() if k != "days"}))

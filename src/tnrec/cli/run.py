@@ -23,8 +23,8 @@ from tnrec.cli.config import (
     RunConfig,
     config_from_dict,
     load_config,
-    make_reader,
 )
+from tnrec.cli.inputs import make_reader
 from tnrec.cli.inspection import no_checkpoint_message
 from tnrec.data import Reader
 from tnrec.distribute import launch_env
@@ -64,7 +64,7 @@ def _load_run(model_dir: str, timeout_s: float | None = None) -> tuple[ZooModel,
     if not doc.get("config"):
         raise ConfigError(f"{where} holds no run config; it was not written by `tnrec train`.")
     cfg = config_from_dict(doc["config"], where)
-    current_or_new_strategy(cfg.distributed["timeout_s"] if timeout_s is None else timeout_s)
+    current_or_new_strategy(cfg.distributed.timeout_s if timeout_s is None else timeout_s)
     model, _ = load_model(root)
     return model, cfg
 

@@ -29,11 +29,10 @@ from tnrec.cli.common import (
 from tnrec.cli.config import (
     ConfigError,
     RunConfig,
-    check_inputs,
     key_digests,
     make_policy,
-    make_reader,
 )
+from tnrec.cli.inputs import check_inputs, make_reader
 from tnrec.daily import DayReport, train_days
 from tnrec.data import Reader
 from tnrec.distribute import PsStrategy
@@ -43,14 +42,14 @@ from tnrec.runlog import RUNLOG_FILE, RunLog
 
 def _days(cfg: RunConfig) -> list[tuple[str, Callable[[], Reader]]]:
     """``(dt, make_reader)`` of every training day, in order (check the inputs first)."""
-    shuffle = cfg.data["shuffle"]
-    if cfg.data["train"]:
+    shuffle = cfg.data.shuffle
+    if cfg.data.train:
         return [(GLOB_DAY, lambda: make_reader(cfg, "train", shuffle=shuffle))]
 
     def maker(dt: str) -> Callable[[], Reader]:
         return lambda: make_reader(cfg, "train", days=[dt], shuffle=shuffle)
 
-    return [(dt, maker(dt)) for dt in cfg.data["train_days"]]
+    return [(dt, maker(dt)) for dt in cfg.data.train_days or []]
 
 
 def _check_same_config(strategy: PsStrategy, cfg: RunConfig) -> None:
@@ -103,7 +102,7 @@ def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
 
 def _check_run_dirs(cfg: RunConfig) -> None:
     """Refuse an ``output_dir`` or model dir that is a file (or lies under one)."""
-    key = '"checkpoint.dir"' if cfg.checkpoint["dir"] else '"output_dir"'
+    key = '"checkpoint.dir"' if cfg.checkpoint.dir else '"output_dir"'
     for label, path in (('"output_dir"', cfg.output_dir), (key, cfg.model_dir)):
         problem = dir_problem(path)
         if problem is not None:
@@ -113,7 +112,7 @@ def _check_run_dirs(cfg: RunConfig) -> None:
 def _write_run_files(cfg: RunConfig, doc: dict[str, Any]) -> None:
     """Rank 0: check the model dir, create the dirs, write ``model.json`` and ``config.json``."""
     _check_same_model(cfg.model_dir, doc)
-    key = '"checkpoint.dir"' if cfg.checkpoint["dir"] else '"output_dir"'
+    key = '"checkpoint.dir"' if cfg.checkpoint.dir else '"output_dir"'
     make_dir(cfg.output_dir, f'{cfg.source}: "output_dir"')
     make_dir(cfg.model_dir, f"{cfg.source}: {key}")
     write_model_json(cfg.model_dir, doc)
@@ -199,10 +198,10 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
             another model's checkpoint.
         DistributedError: on the other workers when rank 0 cannot write the model dir.
     """
-    strategy = current_or_new_strategy(cfg.distributed["timeout_s"])
+    strategy = current_or_new_strategy(cfg.distributed.timeout_s)
     rank = strategy.rank
     _check_same_config(strategy, cfg)
-    if cfg.train["steps_per_epoch"] is not None:
+    if cfg.train.steps_per_epoch is not None:
         raise ConfigError(
             f'{cfg.source}: "train.steps_per_epoch" is not supported by the daily cycle of '
             "`tnrec train` (every day is trained in full); remove it."
@@ -217,14 +216,14 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     start = time.perf_counter()
     ck = cfg.checkpoint
     # Per-step and per-epoch records (rows, samples/s, input wait, metrics): rank 0 only.
-    log = RunLog(cfg.output_dir, every=cfg.train["log_every"]) if rank == 0 else None
+    log = RunLog(cfg.output_dir, every=cfg.train.log_every) if rank == 0 else None
     reports = train_days(
         model,
         days,
         model_dir,
-        epochs=cfg.train["epochs"],
-        save_every_n_steps=ck["save_every_n_steps"],
-        keep=ck["keep"],
+        epochs=cfg.train.epochs,
+        save_every_n_steps=ck.save_every_n_steps,
+        keep=ck.keep,
         eval_next_day=eval_next_day,
         verbose=verbose,
         callbacks=[log] if log is not None else (),

@@ -16,7 +16,8 @@ import pytest
 from tnrec import checkpoint
 from tnrec.cli import export, main
 from tnrec.cli.artifacts import load_model
-from tnrec.cli.config import load_config, make_reader
+from tnrec.cli.config import load_config
+from tnrec.cli.inputs import make_reader
 from tnrec.cli.inspection import inspect_row
 from tnrec.data.synthetic import SyntheticConfig, generate
 from tnrec.errors import ArgumentError, CheckpointError, ConfigError, TableKeyError

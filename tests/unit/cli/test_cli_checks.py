@@ -12,7 +12,8 @@ import pytest
 from tnrec import checkpoint
 from tnrec.cli import demo, export, main
 from tnrec.cli.artifacts import load_model
-from tnrec.cli.config import check_inputs, load_config
+from tnrec.cli.config import load_config
+from tnrec.cli.inputs import check_inputs
 from tnrec.data.synthetic import SyntheticConfig, generate
 from tnrec.errors import ArgumentError, ConfigError, DistributedError
 

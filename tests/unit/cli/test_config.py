@@ -1,0 +1,152 @@
+"""The run config as typed dataclasses: sections, one-item lists, defaults, old config.json
+files, the kinds read from the annotations, and the module doc listing every key."""
+
+import json
+import re
+
+import pytest
+
+from tnrec.cli import config
+from tnrec.cli.config import (
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    config_from_dict,
+    key_digests,
+    load_config,
+)
+from tnrec.errors import ConfigError
+
+# A config.json as `tnrec train` wrote it before the sections were dataclasses:
+# the same nested shape, keys in the order of the TOML file.
+OLD_CONFIG_JSON = {
+    "seed": 1,
+    "output_dir": "/r/out",
+    "columns": "criteo",
+    "model": {"hidden_units": [8], "embedding_dim": 4, "name": "widedeep", "cross_layers": 3},
+    "data": {
+        "dir": "/r/data",
+        "train_days": ["2024-05-10"],
+        "test": ["/r/data/test/*.parquet"],
+        "format": "parquet",
+        "train": None,
+        "test_days": None,
+        "pattern": None,
+        "label": "label",
+        "delimiter": ",",
+        "header": True,
+        "shuffle": True,
+        "prefetch": 2,
+        "on_bad_row": "raise",
+    },
+    "optimizer": {
+        "sparse": {"type": "adagrad", "learning_rate": 0.05},
+        "dense": {"type": "adam", "learning_rate": 0.001},
+    },
+    "train": {"epochs": 1, "batch_size": 200, "log_every": 1, "steps_per_epoch": None},
+    "checkpoint": {"dir": None, "save_every_n_steps": None, "keep": None},
+    "eviction": {
+        "show_decay_rate": 0.98,
+        "show_threshold": None,
+        "max_unseen_days": None,
+        "combine": "any",
+    },
+    "distributed": {"timeout_s": 300.0},
+}
+
+
+def test_sections_are_dataclasses_with_absolute_paths_and_one_item_lists():
+    doc = {"model": {"name": "DCN"}, "data": {"train": "a/*.parquet", "dir": "d", "test_days": "x"}}
+    cfg = config_from_dict(doc, "/r/run.toml")
+    assert isinstance(cfg.model, ModelConfig) and isinstance(cfg.data, DataConfig)
+    assert cfg.model == ModelConfig(name="dcn")  # the name lower-cased, the rest defaults
+    assert cfg.data.train == ["/r/a/*.parquet"] and cfg.data.dir == "/r/d"
+    assert cfg.data.test_days == ["x"] and cfg.has_test
+    assert cfg.output_dir == "/r/runs/tnrec" and cfg.model_dir == "/r/runs/tnrec/model"
+    assert cfg.optimizer.sparse == {"type": "adagrad", "learning_rate": 0.05}
+    assert (cfg.train.batch_size, cfg.checkpoint.keep, cfg.distributed.timeout_s) == (
+        4096,
+        None,
+        300.0,
+    )
+
+
+def test_defaults_are_not_shared_between_configs():
+    a = config_from_dict({"data": {"train": "a"}}, "/r/run.toml")
+    a.model.hidden_units.append(1)
+    a.optimizer.sparse["learning_rate"] = 1.0
+    b = config_from_dict({"data": {"train": "a"}}, "/r/run.toml")
+    assert b.model.hidden_units == [400, 400, 400] and b.optimizer.sparse["learning_rate"] == 0.05
+
+
+def test_a_config_json_written_before_the_dataclasses_reads_back(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(OLD_CONFIG_JSON))
+    cfg = load_config(path)
+    assert cfg.model.name == "widedeep" and cfg.data.train_days == ["2024-05-10"]
+    assert cfg.to_dict() == OLD_CONFIG_JSON
+    assert load_config(path, output_dir="/elsewhere").output_dir == "/elsewhere"
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps(cfg.to_dict()))
+    assert key_digests(load_config(again)) == key_digests(cfg)
+
+
+def test_key_digests_name_every_leaf_key_in_a_fixed_order():
+    cfg = config_from_dict(OLD_CONFIG_JSON, "/r/config.json")
+    keys = [k for k, _ in key_digests(cfg)]
+    assert keys[:5] == ["seed", "output_dir", "columns", "model.name", "model.embedding_dim"]
+    assert "optimizer.sparse" in keys and "optimizer" not in keys and "data" not in keys
+    assert keys[-2:] == ["distributed.timeout_s", "model_dir"] and len(keys) == 35
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        pytest.param(
+            {"data": {"train": 3}},
+            r'"data.train" must be str or list of strs. Received: 3 \(int\).',
+            id="str-or-list",
+        ),
+        pytest.param(
+            {"columns": 3}, r'"columns" must be str or list of tables. Received: 3', id="columns"
+        ),
+        pytest.param(
+            {"optimizer": {"sparse": 3}}, r'"optimizer.sparse" must be table.', id="table"
+        ),
+        pytest.param(
+            {"eviction": {"show_threshold": "1"}},
+            r"\"eviction.show_threshold\" must be float. Received: '1' \(str\).",
+            id="optional-float",
+        ),
+        pytest.param(
+            {"data": {"header": 1}}, r'"data.header" must be bool. Received: 1 \(int\).', id="bool"
+        ),
+        pytest.param(
+            {"data": {"label": None}},
+            r'"data.label" must be str. Received: None \(NoneType\).',
+            id="null-for-a-key-with-a-default",
+        ),
+        pytest.param(
+            {"model": 3}, r'"model" must be a table \(\[model\]\). Received: 3.', id="section"
+        ),
+        pytest.param(
+            {"source": "x"}, r'unknown key "source". Valid keys here: checkpoint, col', id="source"
+        ),
+    ],
+)
+def test_kinds_are_read_from_the_annotations(doc, match):
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict(doc, "/r/run.toml")
+
+
+def test_the_module_doc_lists_every_key():
+    documented, section = set(), ""
+    for line in (config.__doc__ or "").splitlines():
+        if m := re.match(r"^    \[([\w.]+)\]", line):
+            section = m.group(1) + "."
+            if section.startswith("optimizer."):  # a free-form table: the table is the key
+                documented.add(section[:-1])
+        elif (m := re.match(r"^    (\w+) = ", line)) and not section.startswith("optimizer."):
+            documented.add(section + m.group(1))
+    keys = {k for k, _ in key_digests(RunConfig("/r/run.toml"))} - {"model_dir"}
+    assert documented == keys
