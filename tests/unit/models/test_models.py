@@ -10,6 +10,7 @@ import torch
 
 import tnrec as tn
 from tnrec import _fileio
+from tnrec.cli.artifacts import load_model, save_model
 from tnrec.data.batch import Batch, Jagged
 from tnrec.data.synthetic import SyntheticConfig, generate
 from tnrec.errors import (
@@ -20,7 +21,6 @@ from tnrec.errors import (
     FormatVersionError,
 )
 from tnrec.models import DCN, LR, MODELS, CrossLayer, DeepFM, WideDeep, build
-from tnrec.models.artifacts import load_model, save_model
 from tnrec.models.base import MAX_INITIAL_BIAS, initial_bias
 from tnrec.runlog import RunLog, TimedData, read_runlog
 
