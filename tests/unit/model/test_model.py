@@ -21,13 +21,13 @@ class Small(tn.Model):
         cols = [fc.embedding_column(fc.category_column(k), 4) for k in ("user", "item")]
         cols.append(fc.embedding_column(fc.category_column("tags"), 4, combiner="mean"))
         self.emb = tn.layers.EmbeddingFeatures(cols, AdaGrad(0.05), output="concat")
-        self.heads = heads
+        self.head_names = heads  # not `heads`: Model.heads is the compiled heads
         self.out = torch.nn.Linear(14, len(heads) if heads else 1)
 
     def forward_dense(self, pooled, dense):
         z = self.out(torch.cat([pooled["emb"], dense], 1))
-        if self.heads:
-            return {h: torch.sigmoid(z[:, i]) for i, h in enumerate(self.heads)}
+        if self.head_names:
+            return {h: torch.sigmoid(z[:, i]) for i, h in enumerate(self.head_names)}
         return torch.sigmoid(z)
 
 

@@ -70,8 +70,8 @@ def test_zoo_model_outputs_a_logit_and_compiles_with_defaults(name, params):
     model.compile()
     assert isinstance(model.optimizer, torch.optim.Adam)
     assert model.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
-    assert model._heads[0].prediction == "sigmoid"  # loss is ..._from_logits
-    assert [m.name for m in model._heads[0].metrics] == ["auc", "logloss"]
+    assert model.heads[0].prediction == "sigmoid"  # loss is ..._from_logits
+    assert [m.name for m in model.heads[0].metrics] == ["auc", "logloss"]
     B, C, D = 5, 26, params.get("embedding_dim", 1)
     pooled = {"emb": torch.randn(B, C * D), "wide": torch.randn(B, C)}
     logit = model.forward_dense(pooled, torch.randn(B, 13))
