@@ -213,7 +213,8 @@ def test_input_forms_agree(predictor):
 
 
 def test_pandas_dataframe(predictor):
-    pd = pytest.importorskip("pandas")
+    import pandas as pd  # a test dependency: the Predictor takes DataFrames
+
     rows = rows4()
     np.testing.assert_array_equal(predictor.predict(pd.DataFrame(rows)), predictor.predict(rows))
 
