@@ -18,15 +18,11 @@ import itertools
 import os
 import random
 import shutil
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "unit", "export"))
-
-import export_common  # noqa: E402
-
+from tests.unit.export import export_common
 from tnrec.errors import TnrecError  # noqa: E402
 from tnrec.serving import Predictor  # noqa: E402
 
