@@ -52,6 +52,7 @@ from tnrec.errors import (
     MismatchError,
     WriteError,
 )
+from tnrec.feature_column import canonical_spec
 from tnrec.layers.spec import feature_spec, layers_spec
 from tnrec.table import NUM_BUCKETS
 from tnrec.table import files as table_files
@@ -671,7 +672,7 @@ def _plan_tables(
             continue
         plan[name] = saved
     if not partial and (
-        manifest.get("feature_spec") != feature_spec(model)
+        canonical_spec(manifest.get("feature_spec")) != feature_spec(model)
         or manifest.get("layers") != layers_spec(model)
     ):
         raise MismatchError(

@@ -590,7 +590,12 @@ def make_columns(cfg: RunConfig) -> list[Column]:
         if kind == "category":
             doc.pop("transforms")
         docs.append(doc)
-    spec = {"format": SPEC_FORMAT, "version": SPEC_VERSION, "hash": HASH_NAME, "columns": docs}
+    spec = {
+        "format": SPEC_FORMAT,
+        "format_version": SPEC_VERSION,
+        "hash": HASH_NAME,
+        "columns": docs,
+    }
     try:
         return from_spec(spec)
     except SpecError as e:

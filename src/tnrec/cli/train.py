@@ -37,6 +37,7 @@ from tnrec.daily import DayReport, train_days
 from tnrec.data import Reader
 from tnrec.distribute import PsStrategy
 from tnrec.errors import DistributedError, TnrecError
+from tnrec.feature_column import canonical_spec
 from tnrec.runlog import RUNLOG_FILE, RunLog
 
 
@@ -91,7 +92,8 @@ def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
     """
     if not os.path.isfile(os.path.join(model_dir, MODEL_FILE)) or not _has_checkpoint(model_dir):
         return
-    old = read_model_json(model_dir)
+    old = dict(read_model_json(model_dir))
+    old["feature_spec"] = canonical_spec(old.get("feature_spec"))
     for key in ("model", "params", "sparse_optimizer", "feature_spec"):
         if old.get(key) != doc[key]:
             raise ConfigError(

@@ -273,7 +273,7 @@ class Reader:
         """Return where the next batch starts (after the last batch taken), JSON-ready."""
         p = self._pos
         return {
-            "version": POSITION_VERSION,
+            "format_version": POSITION_VERSION,
             "fingerprint": self._fingerprint,
             "epoch": p.epoch,
             "window": p.window,
@@ -291,10 +291,11 @@ class Reader:
         """
         if not isinstance(position, dict):
             raise ArgumentError(f"Reader.seek: `position` must be a dict. Received: {position!r}.")
-        if position.get("version") != POSITION_VERSION:
+        version = position.get("format_version", position.get("version"))  # the older key
+        if version != POSITION_VERSION:
             raise ArgumentError(
-                f"Reader.seek: unsupported position version {position.get('version')!r}; "
-                f"this tnrec reads version {POSITION_VERSION}."
+                f"Reader.seek: unsupported position format_version {version!r}; "
+                f"this tnrec reads format version {POSITION_VERSION}."
             )
         if position.get("fingerprint") != self._fingerprint:
             raise ArgumentError(

@@ -39,9 +39,16 @@ from tnrec.feature_column.columns import (
     sequence_category_column,
     standardize,
 )
-from tnrec.feature_column.spec import SPEC_FORMAT, SPEC_VERSION, from_spec, to_spec
+from tnrec.feature_column.spec import (
+    SPEC_FORMAT,
+    SPEC_VERSION,
+    canonical_spec,
+    from_spec,
+    to_spec,
+)
 
 __all__ = [
+    "canonical_spec",
     "HASH_NAME",
     "SPEC_FORMAT",
     "SPEC_VERSION",

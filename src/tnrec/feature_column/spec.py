@@ -1,9 +1,9 @@
 """The feature-spec document: every column with all its settings, versioned JSON.
 
 Checkpoints and exports store it, so a predictor hashes raw features exactly
-as training did. Layout (version 1)::
+as training did. Layout (format version 1)::
 
-    {"format": "tnrec.feature_spec", "version": 1,
+    {"format": "tnrec.feature_spec", "format_version": 1,
      "hash": "splitmix64-fnv1a64/1",
      "columns": [
        {"type": "category", "key": "user_id", "dtype": "int", "embedding_share": null},
@@ -16,7 +16,9 @@ as training did. Layout (version 1)::
        {"type": "embedding", "dimension": 8, "combiner": "sum",
         "categorical": {"type": "category", ...}}]}
 
-A reader refuses any other ``format``, ``version`` or ``hash``.
+A reader refuses any other ``format``, ``format_version`` or ``hash``. Specs
+written before the key was spelled ``format_version`` (``"version": 1``) read
+the same; :func:`canonical_spec` gives either spelling one form to compare.
 """
 
 from __future__ import annotations
@@ -119,7 +121,22 @@ def to_spec(columns: Sequence[Column]) -> dict[str, Any]:
             raise SpecError(f'to_spec: two columns have the key "{col.key}"; keys must be unique.')
         seen.add(col.key)
         out.append(doc)
-    return {"format": SPEC_FORMAT, "version": SPEC_VERSION, "hash": HASH_NAME, "columns": out}
+    return {
+        "format": SPEC_FORMAT,
+        "format_version": SPEC_VERSION,
+        "hash": HASH_NAME,
+        "columns": out,
+    }
+
+
+def canonical_spec(spec: Any) -> Any:
+    """Return ``spec`` with its version under ``format_version`` (specs written with the key
+    ``version`` compare equal to the same spec written now); anything else as it is."""
+    if isinstance(spec, Mapping) and "version" in spec and "format_version" not in spec:
+        out = {k: v for k, v in spec.items() if k != "version"}
+        out["format_version"] = spec["version"]
+        return out
+    return spec
 
 
 def _field(doc: Mapping[str, Any], name: str, where: str) -> Any:
@@ -199,17 +216,18 @@ def from_spec(spec: Mapping[str, Any] | str) -> list[Column]:
     if not isinstance(spec, Mapping) or spec.get("format") != SPEC_FORMAT:
         got = spec.get("format") if isinstance(spec, Mapping) else type(spec).__name__
         raise SpecError(f"feature spec: `format` must be {SPEC_FORMAT!r}. Received: {got!r}.")
-    if spec.get("version") != SPEC_VERSION:
+    doc: Mapping[str, Any] = canonical_spec(spec)
+    if doc.get("format_version") != SPEC_VERSION:
         raise SpecError(
-            f"feature spec: unsupported `version` {spec.get('version')!r}; "
-            f"this tnrec reads version {SPEC_VERSION}."
+            f"feature spec: unsupported `format_version` {doc.get('format_version')!r}; "
+            f"this tnrec reads format version {SPEC_VERSION}."
         )
-    if spec.get("hash") != HASH_NAME:
+    if doc.get("hash") != HASH_NAME:
         raise SpecError(
-            f"feature spec: unsupported `hash` {spec.get('hash')!r}; "
+            f"feature spec: unsupported `hash` {doc.get('hash')!r}; "
             f"this tnrec hashes with {HASH_NAME!r}."
         )
-    columns = _field(spec, "columns", "the document")
+    columns = _field(doc, "columns", "the document")
     if not isinstance(columns, list):
         raise SpecError("feature spec: `columns` must be a list.")
     return [_column_from_json(c) for c in columns]

@@ -345,7 +345,7 @@ def all_columns() -> list[fc.Column]:
 def test_spec_round_trip_is_exact():
     cols = all_columns()
     spec = fc.to_spec(cols)
-    assert spec["format"] == fc.SPEC_FORMAT and spec["version"] == 1
+    assert spec["format"] == fc.SPEC_FORMAT and spec["format_version"] == 1
     assert fc.from_spec(spec) == cols
     text = json.dumps(spec)
     assert fc.from_spec(text) == cols
@@ -356,9 +356,13 @@ def test_spec_round_trip_is_exact():
     ("change", "match"),
     [
         pytest.param(
-            {"version": 2}, r"unsupported `version` 2; this tnrec reads version 1", id="version"
+            {"format_version": 2},
+            r"unsupported `format_version` 2; this tnrec reads format version 1",
+            id="version",
         ),
-        pytest.param({"version": None}, r"unsupported `version` None", id="no-version"),
+        pytest.param(
+            {"format_version": None}, r"unsupported `format_version` None", id="no-version"
+        ),
         pytest.param({"format": "other"}, r"`format` must be 'tnrec.feature_spec'", id="format"),
         pytest.param({"hash": "md5"}, r"unsupported `hash` 'md5'", id="hash"),
         pytest.param({"columns": {}}, r"`columns` must be a list", id="columns"),
@@ -386,6 +390,16 @@ def test_spec_refusals(change, match):
     spec.update(change)
     with pytest.raises(SpecError, match=match):
         fc.from_spec(spec)
+
+
+def test_a_spec_with_the_older_version_key_reads_the_same():
+    cols = all_columns()
+    spec = fc.to_spec(cols)
+    older = {k: v for k, v in spec.items() if k != "format_version"} | {"version": 1}
+    assert fc.from_spec(older) == cols
+    assert fc.canonical_spec(older) == spec
+    with pytest.raises(SpecError, match=r"unsupported `format_version` 3"):
+        fc.from_spec({**older, "version": 3})
 
 
 def test_spec_refuses_bad_documents():
