@@ -105,6 +105,21 @@ def write_bytes(path: str, data: bytes) -> None:
     write_file(path, lambda f: f.write(data))
 
 
+def write_atomic(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """Create or replace ``path`` whole: ``write(f)`` into a temporary sibling, fsync, rename.
+
+    Raises:
+        WriteError: the file cannot be written (names it); nothing is left behind.
+    """
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        write_file(tmp, write)
+        publish(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
 def fsync_dir(path: str) -> None:
     """fsync a directory, so renames and new entries in it are durable."""
     fd = os.open(path, os.O_RDONLY)
@@ -198,16 +213,10 @@ def write_json(path: str, doc: dict[str, Any], *, atomic: bool = True) -> None:
         WriteError: the file cannot be written.
     """
     data = dumps_checked(doc)
-    if not atomic:
+    if atomic:
+        write_atomic(path, lambda f: f.write(data))
+    else:
         write_bytes(path, data)
-        return
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        write_bytes(tmp, data)
-        publish(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
 
 
 def read_json(path: str, what: str = "file") -> Any:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from tnrec import checkpoint
+from tnrec import _fileio, checkpoint
 from tnrec.cli.artifacts import (
     MODEL_FILE,
     load_model,
@@ -140,16 +140,16 @@ def _check_output_file(path: str) -> None:
 
 
 def _write_table(table: pa.Table, path: str, kind: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Write predictions to ``path`` whole (temporary sibling, fsync, rename)."""
+    _fileio.makedirs(os.path.dirname(os.path.abspath(path)))
+
+    def write(f: IO[bytes]) -> None:
         if kind == "csv":
-            pa_csv.write_csv(table, tmp)
+            pa_csv.write_csv(table, f)
         else:
-            pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise ArgumentError(f"--output {path}: cannot write: {e}") from None
+            pq.write_table(table, f)
+
+    _fileio.write_atomic(path, write)
 
 
 def _read_table(path: str, kind: str) -> pa.Table:

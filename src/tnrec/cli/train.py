@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tnrec import checkpoint
+from tnrec import _fileio, checkpoint
 from tnrec.cli.artifacts import (
     MODEL_FILE,
     model_doc,
@@ -118,12 +118,8 @@ def _write_run_files(cfg: RunConfig, doc: dict[str, Any]) -> None:
     make_dir(cfg.output_dir, f'{cfg.source}: "output_dir"')
     make_dir(cfg.model_dir, f"{cfg.source}: {key}")
     write_model_json(cfg.model_dir, doc)
-    path = os.path.join(cfg.output_dir, CONFIG_FILE)
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(to_json(cfg.to_dict(), indent=2))
-    except OSError as e:
-        raise ConfigError(f"cannot write {path}: {e.strerror}.") from None
+    text = to_json(cfg.to_dict(), indent=2).encode()
+    _fileio.write_atomic(os.path.join(cfg.output_dir, CONFIG_FILE), lambda f: f.write(text))
 
 
 def _on_rank0(strategy: PsStrategy, step: Callable[[], None], what: str) -> None:
