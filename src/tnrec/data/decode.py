@@ -258,81 +258,15 @@ def decode(
     Raises:
         DataError: a field is absent or has a type its column cannot read.
     """
-    n = table.num_rows
     names = set(table.schema.names)
     for f in schema.fields:
         if f not in names:
             raise DataError(f'{where}has no field "{f}" (it has {sorted(names)}).')
-    bad: npt.NDArray[np.bool_] | None = None
-    first_bad: tuple[int, str] | None = None
+    bad = _BadRows()
     missing: dict[str, int] = {}
-
-    def note_bad(mask: npt.NDArray[np.bool_] | None, arr: pa.Array, name: str, what: str) -> None:
-        nonlocal bad, first_bad
-        if mask is None or not mask.any():
-            return
-        bad = mask.copy() if bad is None else bad | mask
-        row = int(np.argmax(mask))
-        if first_bad is None or row < first_bad[0]:
-            first_bad = (row, _describe(arr, row, name, what))
-
-    sparse: dict[str, Jagged] = {}
-    for col in schema.sparse:
-        arr = _plain(table.column(col.key))
-        if isinstance(col, BucketizedColumn):
-            note_bad(_nan_text(arr), arr, col.key, "a number")
-            given = _as_numeric_input(arr)
-        elif col.dtype == "int":
-            given, big = _fit_int64(arr)
-            note_bad(big, arr, col.key, 'an int64 (unsigned 64-bit ids need dtype="str")')
-        else:
-            given = arr
-        try:
-            bags = categorical_bags(col, given, value_sep=value_sep, where=where)
-        except pa.ArrowException as e:
-            raise _column_error(where, col.key, e) from e
-        kind = "a number" if isinstance(col, BucketizedColumn) else f"a valid {col.dtype} value"
-        note_bad(bags.bad, arr, col.key, kind)
-        missing[col.key] = bags.missing
-        sparse[col.key] = Jagged(bags.keys, bags.offsets)
-
-    dense = np.empty((n, len(schema.dense)), dtype=np.float32)  # [B, F]
-    for i, ncol in enumerate(schema.dense):
-        arr = _plain(table.column(ncol.key))
-        try:
-            x, miss, nbad = numeric_values(ncol, _as_numeric_input(arr), where=where)
-        except pa.ArrowException as e:
-            raise _column_error(where, ncol.key, e) from e
-        nan = _nan_text(arr)
-        note_bad(nan, arr, ncol.key, "a finite number")
-        note_bad(nbad, arr, ncol.key, "a finite number")
-        if nan is not None:
-            miss &= ~nan
-        missing[ncol.key] = int(np.count_nonzero(miss))
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            transformed = ncol.apply(x)  # [B] float64
-        dense[:, i], over = _to_float32(transformed)
-        after = " after the column's transforms" if ncol.transforms else ""
-        note_bad(over, arr, ncol.key, f"finite as float32 (the model's dtype){after}")
-
-    targets = (*schema.labels, *((schema.weight,) if schema.weight else ()))
-    values = np.empty((n, len(targets)), dtype=np.float32)  # [B, L (+1)]
-    for i, name in enumerate(targets):
-        arr = _plain(table.column(name))
-        try:
-            x, miss, nbad = numeric_values(
-                NumericColumn(name, 0.0), _as_numeric_input(arr), where=where
-            )
-        except pa.ArrowException as e:
-            raise _column_error(where, name, e) from e
-        nan = _nan_text(arr)
-        note_bad(nan, arr, name, "a finite number")
-        note_bad(nbad, arr, name, "a finite number")
-        if nan is not None:
-            miss &= ~nan
-        note_bad(miss, arr, name, "present (labels and weights must not be missing)")
-        values[:, i], over = _to_float32(x)
-        note_bad(over, arr, name, "finite as float32 (the model's dtype)")
+    sparse = _decode_sparse(schema, table, bad, missing, value_sep, where)
+    dense = _decode_dense(schema, table, bad, missing, where)  # [B, F]
+    values = _decode_targets(schema, table, bad, where)  # [B, L (+1)]
     n_labels = len(schema.labels)
     batch = Batch(
         sparse=sparse,
@@ -343,7 +277,107 @@ def decode(
         weights=values[:, n_labels].copy() if schema.weight else None,
         row_ids=np.asarray(row_ids, dtype=np.int64),
     )
-    return Decoded(batch, bad, first_bad, missing)
+    return Decoded(batch, bad.mask, bad.first, missing)
+
+
+class _BadRows:
+    """The rows found bad so far in one chunk, and a description of the first one."""
+
+    def __init__(self) -> None:
+        self.mask: npt.NDArray[np.bool_] | None = None
+        self.first: tuple[int, str] | None = None
+
+    def note(self, mask: npt.NDArray[np.bool_] | None, arr: pa.Array, name: str, what: str) -> None:
+        """Mark the rows of ``mask`` bad: column ``name`` must hold ``what`` there."""
+        if mask is None or not mask.any():
+            return
+        self.mask = mask.copy() if self.mask is None else self.mask | mask
+        row = int(np.argmax(mask))
+        if self.first is None or row < self.first[0]:
+            self.first = (row, _describe(arr, row, name, what))
+
+
+def _decode_sparse(
+    schema: Schema,
+    table: pa.RecordBatch | pa.Table,
+    bad: _BadRows,
+    missing: dict[str, int],
+    value_sep: str | None,
+    where: str,
+) -> dict[str, Jagged]:
+    """Hash every categorical column to jagged keys."""
+    sparse: dict[str, Jagged] = {}
+    for col in schema.sparse:
+        arr = _plain(table.column(col.key))
+        if isinstance(col, BucketizedColumn):
+            bad.note(_nan_text(arr), arr, col.key, "a number")
+            given = _as_numeric_input(arr)
+        elif col.dtype == "int":
+            given, big = _fit_int64(arr)
+            bad.note(big, arr, col.key, 'an int64 (unsigned 64-bit ids need dtype="str")')
+        else:
+            given = arr
+        try:
+            bags = categorical_bags(col, given, value_sep=value_sep, where=where)
+        except pa.ArrowException as e:
+            raise _column_error(where, col.key, e) from e
+        kind = "a number" if isinstance(col, BucketizedColumn) else f"a valid {col.dtype} value"
+        bad.note(bags.bad, arr, col.key, kind)
+        missing[col.key] = bags.missing
+        sparse[col.key] = Jagged(bags.keys, bags.offsets)
+    return sparse
+
+
+def _numbers(
+    arr: pa.Array, col: NumericColumn, bad: _BadRows, where: str
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """A numeric field as float64 and its missing mask; NaN text and unreadable values bad."""
+    try:
+        x, miss, nbad = numeric_values(col, _as_numeric_input(arr), where=where)
+    except pa.ArrowException as e:
+        raise _column_error(where, col.key, e) from e
+    nan = _nan_text(arr)
+    bad.note(nan, arr, col.key, "a finite number")
+    bad.note(nbad, arr, col.key, "a finite number")
+    if nan is not None:
+        miss &= ~nan
+    return x, miss
+
+
+def _decode_dense(
+    schema: Schema,
+    table: pa.RecordBatch | pa.Table,
+    bad: _BadRows,
+    missing: dict[str, int],
+    where: str,
+) -> npt.NDArray[np.float32]:
+    """The dense features, transformed, as float32 ``[B, F]``; non-finite results bad."""
+    dense = np.empty((table.num_rows, len(schema.dense)), dtype=np.float32)  # [B, F]
+    for i, ncol in enumerate(schema.dense):
+        arr = _plain(table.column(ncol.key))
+        x, miss = _numbers(arr, ncol, bad, where)
+        missing[ncol.key] = int(np.count_nonzero(miss))
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            transformed = ncol.apply(x)  # [B] float64
+        dense[:, i], over = _to_float32(transformed)
+        after = " after the column's transforms" if ncol.transforms else ""
+        bad.note(over, arr, ncol.key, f"finite as float32 (the model's dtype){after}")
+    return dense
+
+
+def _decode_targets(
+    schema: Schema, table: pa.RecordBatch | pa.Table, bad: _BadRows, where: str
+) -> npt.NDArray[np.float32]:
+    """Labels, then the sample weight if any, as float32 ``[B, L (+1)]``; missing ones bad."""
+    targets = (*schema.labels, *((schema.weight,) if schema.weight else ()))
+    values = np.empty((table.num_rows, len(targets)), dtype=np.float32)  # [B, L (+1)]
+    for i, name in enumerate(targets):
+        arr = _plain(table.column(name))
+        x, miss = _numbers(arr, NumericColumn(name, 0.0), bad, where)
+        bad.note(miss, arr, name, "present (labels and weights must not be missing)")
+        values[:, i], over = _to_float32(x)
+        bad.note(over, arr, name, "finite as float32 (the model's dtype)")
+    return values
 
 
 def to_batch(
