@@ -502,6 +502,17 @@ def _check_provenance(doc: Any, where: str) -> None:
             raise _bad(where, name, "an int >= 0 or null", value)
 
 
+def _table_entries(tables: dict[str, Any], where: str) -> Iterator[tuple[str, dict, str]]:
+    """Each ``(name, entry, where)`` of a manifest's ``tables``, the name a safe file name and
+    the entry an object."""
+    for name, t in tables.items():
+        _safe_name(name, where, "table")
+        w = f"{where}: tables[{name!r}]"
+        if not isinstance(t, dict):
+            raise CheckpointError(f"{w} must be a JSON object. Received: {t!r}.")
+        yield name, t, w
+
+
 def _safe_name(name: str, where: str, what: str) -> None:
     parts = name.split("/")
     if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -541,11 +552,7 @@ def _check_full(doc: dict[str, Any], where: str) -> None:
             where, "num_dense", f"{numeric} (the numeric columns of feature_spec)", num_dense
         )
     tables = field(doc, "tables", dict, where)
-    for name, t in tables.items():
-        _safe_name(name, where, "table")
-        w = f"{where}: tables[{name!r}]"
-        if not isinstance(t, dict):
-            raise CheckpointError(f"{w} must be a JSON object. Received: {t!r}.")
+    for _, t, w in _table_entries(tables, where):
         _count(t, "dim", w, 1), _count(t, "count", w)
     inputs = field(doc, "inputs", list, where)
     for i, spec_i in enumerate(inputs):
@@ -609,11 +616,7 @@ def _check_delta(doc: dict[str, Any], where: str) -> None:
     if not legacy:
         _count(doc, "since_generation", where), _count(doc, "to_generation", where)
     tables = field(doc, "tables", dict, where)
-    for name, t in tables.items():
-        _safe_name(name, where, "table")
-        w = f"{where}: tables[{name!r}]"
-        if not isinstance(t, dict):
-            raise CheckpointError(f"{w} must be a JSON object. Received: {t!r}.")
+    for _, t, w in _table_entries(tables, where):
         _count(t, "updated", w), _count(t, "deleted", w)
         if not legacy:
             _count(t, "dim", w, 1)
