@@ -8,6 +8,7 @@ its export, built once per module that asks for them.
 import pytest
 
 from tests.unit import memory_batches
+from tests.unit.checkpoint import ckpt_common
 from tests.unit.export import export_common
 
 
@@ -29,3 +30,9 @@ def tiny():
 @pytest.fixture(scope="module")
 def tiny_export(tiny, tmp_path_factory):
     return tiny.export(str(tmp_path_factory.mktemp("tiny") / "exp"), dt="d1")
+
+
+@pytest.fixture
+def common():
+    """A small model and its data for checkpoint, daily-cycle and inspect tests."""
+    return ckpt_common

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from tnrec import _fileio, checkpoint
-from tnrec.daily import train_days
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
@@ -130,45 +129,6 @@ def test_warm_start_reports_what_was_loaded_skipped_and_initialized(common, save
     np.testing.assert_array_equal(
         bigger.tables["wide"].rows()["weights"], model.tables["wide"].rows()["weights"]
     )
-
-
-def test_daily_cycle_skips_complete_days_and_keeps_tables_bounded(common, tmp_path):
-    days = [
-        (f"2024-05-{10 + d}", lambda d=d: common.reader(common.write_day(str(tmp_path), d)))
-        for d in range(3)
-    ]
-    model = common.build()
-    reports = train_days(model, days, str(tmp_path / "m"))
-    assert [r.rows_trained for r in reports] == [240, 240, 240]
-    assert reports[0].keys_created > 0 and reports[2].keys_evicted > 0
-    assert all(not r.skipped for r in reports)
-    again = common.build()
-    second = train_days(again, days, str(tmp_path / "m"), eval_next_day=True)
-    assert [r.skipped for r in second] == [True, True, True]
-    common.assert_same(common.snapshot(again), common.snapshot(model), skip=())
-    # ids churn 40 a day and unseen keys are evicted after a day: the table stays bounded
-    assert reports[2].table_sizes["emb"] < reports[0].table_sizes["emb"] + reports[1].keys_created
-
-
-def test_resume_from_a_position_past_the_epoch_trains_nothing_twice(common, tmp_path):
-    # A worker whose part ran out before a mid-day save records a position in the
-    # next epoch; resuming must not train its part again.
-    path = common.write_day(str(tmp_path), 0)
-    model = common.build()
-    data = common.reader(path)
-    model.fit(data, verbose=0)  # the whole day: the reader now stands at epoch 1
-    model.save_weights(
-        str(tmp_path / "m"),
-        "d0",
-        resume={"dt": "d0", "day_complete": False},
-        position=data.position(),
-    )
-    again = common.build()
-    reports = train_days(again, [("d0", lambda: common.reader(path))], str(tmp_path / "m"))
-    assert reports[0].resumed and reports[0].rows_trained == 0
-    assert checkpoint.read_manifest(checkpoint.latest(str(tmp_path / "m")))["resume"][
-        "day_complete"
-    ]
 
 
 def test_torch_rng_state_is_restored(common, tmp_path):

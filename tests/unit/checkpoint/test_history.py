@@ -42,18 +42,6 @@ def test_missing_pointer_is_an_error_naming_the_newest_complete_generation(three
     assert _gens(model_dir) == [("d1", 1), ("d1", 2), ("d2", 3)]  # nothing deleted
 
 
-def test_daily_training_into_a_dir_without_pointer_refuses_and_deletes_nothing(
-    common, three_generations
-):
-    from tnrec.daily import train_days
-
-    model, model_dir, data = three_generations
-    (model_dir / "_checkpoint").unlink()
-    with pytest.raises(CheckpointError, match="no _checkpoint"):
-        train_days(common.build(), [("d3", lambda: data)], str(model_dir))
-    assert _gens(model_dir) == [("d1", 1), ("d1", 2), ("d2", 3)]
-
-
 def test_publish_restores_a_lost_pointer_and_the_next_save_takes_max_plus_one(
     common, three_generations
 ):
@@ -179,39 +167,6 @@ def test_disk_full_during_a_save_names_the_path_and_keeps_the_last_checkpoint(
     assert model.save_weights(str(model_dir), "d3").endswith("d3/4")
 
 
-def test_a_day_whose_rows_were_all_skipped_is_not_marked_complete(common, tmp_path):
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    import tnrec as tn
-    from tnrec.daily import train_days
-    from tnrec.errors import EmptyInputError
-
-    path = common.write_day(str(tmp_path), 0, rows=20)
-    table = pq.read_table(path)
-    bad = table.set_column(table.schema.get_field_index("d0"), "d0", pa.array(np.full(20, np.inf)))
-    pq.write_table(bad, path)  # d0 = inf: every row is a bad value
-
-    def skipping():
-        cols = [*common.COLS, *common.NUMERIC]
-        return tn.data.read_parquet([path], cols, batch_size=16, prefetch=0, on_bad_row="skip")
-
-    model_dir = tmp_path / "m"
-    with pytest.raises(
-        EmptyInputError, match=r"day d0: no row was trained: all 20 rows .* skipped"
-    ):
-        train_days(common.build(), [("d0", skipping)], str(model_dir))
-    assert checkpoint.latest(str(model_dir)) is None  # nothing marked complete
-    empty = tmp_path / "empty.parquet"
-    pq.write_table(table.slice(0, 0), empty)  # a really empty day is complete, with 0 rows
-    reports = train_days(
-        common.build(), [("d1", lambda: common.reader(str(empty)))], str(model_dir)
-    )
-    assert reports[0].rows_trained == 0
-    assert checkpoint.read_manifest(checkpoint.latest(str(model_dir)))["resume"]["day_complete"]
-
-
 def test_cli_checkpoint_publish_restores_the_pointer(three_generations, capsys):
     from tnrec.cli import main
 
@@ -234,3 +189,15 @@ def test_a_published_generation_that_lost_its_manifest_is_an_error(three_generat
     with pytest.raises(CheckpointError, match=r"d1/1/manifest\.json is missing: generation 1"):
         model.load_weights(str(model_dir), "d1")
     assert model.load_weights(str(model_dir)).generation == 3  # the published one still loads
+
+
+def test_daily_training_into_a_dir_without_pointer_refuses_and_deletes_nothing(
+    common, three_generations
+):
+    from tnrec.daily import train_days
+
+    model, model_dir, data = three_generations
+    (model_dir / "_checkpoint").unlink()
+    with pytest.raises(CheckpointError, match="no _checkpoint"):
+        train_days(common.build(), [("d3", lambda: data)], str(model_dir))
+    assert _gens(model_dir) == [("d1", 1), ("d1", 2), ("d2", 3)]
