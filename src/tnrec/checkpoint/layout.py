@@ -264,24 +264,20 @@ def lock_for_run(ps: ParameterServer, model_dir: str) -> Iterator[None]:
     Raises:
         WriteError: another process holds the lock (on rank 0: its message; elsewhere: says so).
     """
-    failed = np.zeros(1, np.float64)
-    ctx: Any = contextlib.nullcontext()
-    error: WriteError | None = None
-    if ps.rank == 0:
-        try:
-            ctx = hold_lock(model_dir)
-            ctx.__enter__()
-        except WriteError as e:
-            error, failed[0] = e, 1.0
-            ctx = contextlib.nullcontext()
-    if ps.world_size > 1:
-        failed = ps.all_reduce_sum(failed)
-    if error is not None:
-        raise error
-    if failed[0] > 0:
-        raise WriteError(f"The model dir {model_dir} is in use by another run (see rank 0).")
-    with contextlib.ExitStack() as stack:
-        stack.push(ctx.__exit__)
+    with contextlib.ExitStack() as stack:  # releases the lock however the block ends
+        failed = np.zeros(1, np.float64)
+        error: WriteError | None = None
+        if ps.rank == 0:
+            try:
+                stack.enter_context(hold_lock(model_dir))
+            except WriteError as e:
+                error, failed[0] = e, 1.0
+        if ps.world_size > 1:
+            failed = ps.all_reduce_sum(failed)
+        if error is not None:
+            raise error
+        if failed[0] > 0:
+            raise WriteError(f"The model dir {model_dir} is in use by another run (see rank 0).")
         yield
 
 
