@@ -78,7 +78,7 @@ def write_error(path: str, e: OSError) -> WriteError:
     why = os.strerror(e.errno) if e.errno else str(e)
     hint = ""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = " Free space on that file system and run again; the previous checkpoint is intact."
+        hint = " Free space on that file system and run again."
     elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         hint = " Choose a writable directory."
     return WriteError(f"Cannot write {path}: {why}.{hint}")
