@@ -18,8 +18,10 @@ place:
 * ``model_dir`` locks (:class:`DirLock`) are ``fcntl`` locks that the kernel
   releases when the process dies.
 
-A second storage backend plugs in here: callers pass paths and never touch
-``open``/``os.rename`` for a file that is read back.
+Every write and rename of a file tnrec reads back, and every read of its JSON
+documents, goes through here, so a second storage backend plugs in here for
+those. Array files (``.npy``, ``dense.pt``, the dense graph) are still read
+with ``np.load``/``torch.load`` on local paths by the modules that own them.
 """
 
 from __future__ import annotations
