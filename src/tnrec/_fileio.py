@@ -102,6 +102,46 @@ def write_file(path: str, write: Callable[[IO[bytes]], Any]) -> None:
         raise write_error(path, e) from None
 
 
+class StreamFile:
+    """A file written in pieces: sha256 computed as it is written, fsynced by :meth:`close`.
+
+    Raises (every method):
+        WriteError: the file cannot be written (names it and why).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._hash = hashlib.sha256()
+        try:
+            fault_point(path)
+            self._f: IO[bytes] = open(path, "wb")  # noqa: SIM115 - closed by close()/abort()
+        except OSError as e:
+            raise write_error(path, e) from None
+
+    def write(self, data: Any) -> None:
+        """Append ``data`` (bytes or a contiguous buffer)."""
+        try:
+            self._f.write(data)
+        except OSError as e:
+            raise write_error(self.path, e) from None
+        self._hash.update(data)
+
+    def close(self) -> str:
+        """Flush, fsync and close; return the hex sha256 of everything written."""
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+        except OSError as e:
+            raise write_error(self.path, e) from None
+        return self._hash.hexdigest()
+
+    def abort(self) -> None:
+        """Close without syncing (the caller removes the file)."""
+        with contextlib.suppress(OSError):
+            self._f.close()
+
+
 def write_bytes(path: str, data: bytes) -> None:
     """Create ``path`` holding ``data``, fsynced (see :func:`write_file`)."""
     write_file(path, lambda f: f.write(data))
@@ -254,6 +294,7 @@ def read_versioned_json(
     *,
     what: str | None = None,
     legacy: Callable[[dict[str, Any]], bool] | None = None,
+    older: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Read a tnrec JSON document, checking its ``format``, ``format_version`` and checksum.
 
@@ -265,6 +306,7 @@ def read_versioned_json(
         legacy: if given and it returns True for the parsed document, the document is
             an older format written before checksums, accepted as it is (the caller
             checks its fields).
+        older: older checksummed format versions also read (the caller tells them apart).
 
     Returns:
         The document without its ``checksum`` field.
@@ -284,10 +326,11 @@ def read_versioned_json(
         raise CheckpointError(
             f"The {what} {path} is damaged or not a {kind} document (format {doc.get('format')!r})."
         )
-    if doc.get(VERSION_KEY) != version:
+    found = doc.get(VERSION_KEY)
+    if found not in (version, *older):
+        reads = ", ".join(str(v) for v in sorted({version, *older}))
         raise FormatVersionError(
-            f"{path}: {VERSION_KEY} {doc.get(VERSION_KEY)!r} is not supported "
-            f"(this tnrec reads {version})."
+            f"{path}: {VERSION_KEY} {found!r} is not supported (this tnrec reads {reads})."
         )
     stored = doc.get(CHECKSUM)
     actual = _HASH + hashlib.sha256(_canonical(doc)).hexdigest()

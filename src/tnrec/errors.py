@@ -66,3 +66,7 @@ class SpecError(TnrecError, ValueError):
 
 class DistributedError(TnrecError, RuntimeError):
     """A collective failed or timed out, or the process group is misconfigured."""
+
+
+class MemoryLimitError(TnrecError, MemoryError):
+    """A table would pass the worker's memory limit; raised before anything is allocated."""

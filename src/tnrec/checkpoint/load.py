@@ -79,7 +79,8 @@ def load(
     dense_file, dense = _read_dense(path, manifest)
     state = _dense_plan(model, dense.get("model", {}), partial, report, dense_file)
     rng = _read_worker_state(path, manifest, model.ps, report)
-    # everything is validated; from here on the model changes
+    # everything but the rows is validated (rows are hashed as they stream in; a damaged
+    # part restores the previous tables); from here on the model changes
     _apply_tables(model, parts, mine, report)
     _apply_dense(model, state, dense, dense_file, partial, report)
     if rng is not None:  # dropout and other torch randomness continue as if never stopped
@@ -134,8 +135,8 @@ def _plan_tables(
 def _parts_to_read(
     path: str, saved: dict[str, Any], mine: np.ndarray
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The parts of one saved table that hold some of this worker's buckets, each verified:
-    ``(part directory, its checked header)``."""
+    """The parts of one saved table that hold some of this worker's buckets: ``(part
+    directory, its checked header)``. The parts' row files are verified as they are read."""
     reads = []
     W = len(saved["parts"])
     for part in saved["parts"]:
@@ -144,7 +145,7 @@ def _parts_to_read(
         full = check_listed_file(
             path, os.path.join(part["dir"], table_files.HEADER), part["header_sha256"]
         )
-        reads.append((os.path.dirname(full), table_files.verify(os.path.dirname(full))))
+        reads.append((os.path.dirname(full), table_files.read_header(os.path.dirname(full))))
     return reads
 
 
@@ -180,13 +181,23 @@ def _apply_tables(
     mine: np.ndarray,
     report: LoadReport,
 ) -> None:
-    """Fresh tables, filled with this worker's buckets of every verified part."""
+    """Fresh tables, filled with this worker's buckets of every part.
+
+    A part's files are hashed as they stream in; a damaged one raises after
+    its rows went into the fresh tables, so the model gets its previous tables
+    back before the error propagates.
+    """
+    previous = model._ps
     model.build_tables()
-    for name, reads in parts.items():
-        table = model.tables[name]
-        for part_dir, header in reads:
-            table_files.load_into(table, part_dir, buckets=mine, verified=header)
-        report.loaded.append(f"table {name}")
+    try:
+        for name, reads in parts.items():
+            table = model.tables[name]
+            for part_dir, header in reads:
+                table_files.load_into(table, part_dir, buckets=mine, header=header)
+            report.loaded.append(f"table {name}")
+    except BaseException:
+        model._ps = previous
+        raise
     for table in model.tables.values():
         table.generation = report.generation + 1
 

@@ -10,6 +10,15 @@ Directory layout (``storage="npy"``)::
       <state>.npy       the optimizer's state arrays (g2sum | m, v, step | z, n)
       show.npy click.npy  float32[n]
       unseen_days.npy marker.npy  int32[n]
+      bucket_offsets.npy  int64[1025], with order="bucket": bucket b is rows offsets[b]:offsets[b+1]
+      sketch.npy        float32[m, 2, width], the admission sketch's slices of m buckets
+      sketch_buckets.npy  int64[m], those buckets (only for a table with a min_show admission)
+
+``order="bucket"`` (what checkpoints use) streams: rows are grouped by
+bucket and written in bounded chunks straight from the row store, and read
+back the same way (:mod:`tnrec.table.stream`); within a bucket rows are in
+index order. ``order="key"`` sorts all keys ascending (a sorted copy of the
+table: for small tables and for reading by hand).
 
 ``storage="txt"`` writes ``rows.txt`` instead of the ``.npy`` files: one key per
 line -- key, weights, optimizer state, show, click, unseen days, marker --
@@ -44,6 +53,8 @@ from tnrec.errors import (
 )
 from tnrec.table.init import Initializer
 from tnrec.table.optimizers import SparseOptimizer, optimizer_from_config
+from tnrec.table import stream
+from tnrec.table.admission import DEPTH, AdmissionPolicy
 from tnrec.table.policy import EvictionPolicy
 
 if TYPE_CHECKING:
@@ -59,6 +70,7 @@ class TableRows(Protocol):
     initializer: Initializer
     optimizer: SparseOptimizer
     policy: EvictionPolicy
+    admission: AdmissionPolicy | None
     generation: int
 
     def records(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
@@ -68,6 +80,8 @@ class TableRows(Protocol):
     ) -> dict[str, np.ndarray]: ...
 
     def write_records(self, keys: npt.NDArray[np.int64], rec: npt.NDArray[np.float32]) -> Any: ...
+
+    def reserve(self, n: int) -> None: ...
 
 
 FORMAT = "tnrec.sparse_table"
@@ -99,6 +113,7 @@ def header_of(table: TableRows) -> dict[str, Any]:
         "initializer": table.initializer.to_config(),
         "optimizer": table.optimizer.to_config(),
         "policy": table.policy.to_config(),
+        "admission": table.admission.to_config() if table.admission is not None else None,
         "generation": table.generation,
     }
 
@@ -116,9 +131,11 @@ def save(
 ) -> None:
     """Write ``table`` (or one bucket range of it) to directory ``path`` atomically.
 
-    ``order="bucket"`` sorts rows by ``(bucket_of(key), key)`` and adds
-    ``bucket_offsets.npy`` (``int64[1025]``: bucket ``b`` holds rows
+    ``order="bucket"`` groups rows by ``bucket_of(key)`` (index order within
+    a bucket), streams them in bounded chunks (:mod:`tnrec.table.stream`) and
+    adds ``bucket_offsets.npy`` (``int64[1025]``: bucket ``b`` holds rows
     ``offsets[b]:offsets[b+1]``), so a loader can read only some buckets.
+    ``order="key"`` writes a copy sorted by key.
     """
     if storage not in ("npy", "txt"):
         raise ArgumentError(f"`storage` must be 'npy' or 'txt'. Received: storage={storage!r}.")
@@ -132,51 +149,26 @@ def save(
             f"Cannot save table {table.name!r} to {path}: it exists and is not a saved table "
             "(no table.json); refusing to replace it."
         )
-    keys, rec = table.records()
-    if bucket_range is not None:
-        lo, hi = (int(x) for x in bucket_range)
-        if not 0 <= lo < hi <= NUM_BUCKETS:
-            raise ArgumentError(
-                f"Bucket range must satisfy 0 <= lo < hi <= {NUM_BUCKETS}. "
-                f"Received: lo={lo}, hi={hi}."
-            )
-        b = bucket_of(keys)
-        keep = (b >= lo) & (b < hi)
-        keys, rec = keys[keep], rec[keep]
-    offsets = None
-    if order == "bucket":
-        b = bucket_of(keys)
-        by_bucket = np.argsort(b, kind="stable")  # keys are sorted, so (bucket, key) order
-        keys, rec = keys[by_bucket], rec[by_bucket]
-        offsets = np.zeros(NUM_BUCKETS + 1, np.int64)
-        np.cumsum(np.bincount(b, minlength=NUM_BUCKETS), out=offsets[1:])
-    arrays = table.split_records(keys, rec)
-    if offsets is not None:
-        arrays["bucket_offsets"] = offsets
+    lo, hi = (int(x) for x in bucket_range) if bucket_range is not None else (0, NUM_BUCKETS)
+    if not 0 <= lo < hi <= NUM_BUCKETS:
+        raise ArgumentError(
+            f"Bucket range must satisfy 0 <= lo < hi <= {NUM_BUCKETS}. Received: lo={lo}, hi={hi}."
+        )
     parent = os.path.dirname(path)
     _fileio.makedirs(parent)
     tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
     _fileio.makedirs(tmp)
     try:
-        checksums: dict[str, str] = {}
-        if storage == "npy":
-            names = _array_names(table) + (["bucket_offsets"] if offsets is not None else [])
-            for name in names:
-                fname = f"{name}.npy"
-                arr = np.ascontiguousarray(arrays[name])
-                _fileio.write_file(os.path.join(tmp, fname), _npy_writer(arr))
-                checksums[fname] = sha256_file(os.path.join(tmp, fname))
-                kill_point(f"file:{fname}")
+        if order == "bucket":
+            count, checksums = _write_streamed(table, tmp, lo, hi)
         else:
-            _fileio.write_file(
-                os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays)
-            )
-            checksums[TEXT_ROWS] = sha256_file(os.path.join(tmp, TEXT_ROWS))
+            count, checksums = _write_sorted(table, tmp, storage, lo, hi)
+        _write_sketch(table, tmp, lo, hi, checksums)
         header = header_of(table)
         header.update(
             {
                 "storage": storage,
-                "count": int(keys.shape[0]),
+                "count": count,
                 "bucket_range": list(bucket_range) if bucket_range is not None else None,
                 "num_buckets": NUM_BUCKETS,
                 "order": order,
@@ -189,6 +181,58 @@ def save(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _write_streamed(table: TableRows, tmp: str, lo: int, hi: int) -> tuple[int, dict[str, str]]:
+    """Write the rows of buckets ``[lo, hi)`` in bucket order, streamed, plus the offsets and
+    the admission sketch's slices; return ``(count, {file: sha256})``."""
+    order, offsets = stream.bucket_order(table, lo, hi)  # type: ignore[arg-type]
+    cols = stream.columns(table.dim, table.optimizer.state_arrays(table.dim))
+    checksums = stream.write_columns(table, tmp, order, cols)  # type: ignore[arg-type]
+    del order
+    _write_small(tmp, "bucket_offsets", offsets, checksums)
+    return int(offsets[-1]), checksums
+
+
+def _write_small(tmp: str, name: str, arr: np.ndarray, checksums: dict[str, str]) -> None:
+    fname = f"{name}.npy"
+    _fileio.write_file(os.path.join(tmp, fname), _npy_writer(np.ascontiguousarray(arr)))
+    checksums[fname] = sha256_file(os.path.join(tmp, fname))
+
+
+def _write_sketch(table: TableRows, tmp: str, lo: int, hi: int, checksums: dict[str, str]) -> None:
+    """Write the admission sketch's slices of the touched buckets in ``[lo, hi)``."""
+    sketch = getattr(table, "_sketch", None)
+    if sketch is None:
+        return
+    touched = sketch.touched_buckets()
+    touched = touched[(touched >= lo) & (touched < hi)].astype(np.int64)
+    _write_small(tmp, "sketch_buckets", touched, checksums)
+    _write_small(tmp, "sketch", sketch.counters[touched], checksums)
+
+
+def _write_sorted(
+    table: TableRows, tmp: str, storage: str, lo: int, hi: int
+) -> tuple[int, dict[str, str]]:
+    """Write the rows of buckets ``[lo, hi)`` sorted by key (a sorted copy of the table)."""
+    keys, rec = table.records()
+    if (lo, hi) != (0, NUM_BUCKETS):
+        b = bucket_of(keys)
+        keep = (b >= lo) & (b < hi)
+        keys, rec = keys[keep], rec[keep]
+    arrays = table.split_records(keys, rec)
+    checksums: dict[str, str] = {}
+    if storage == "npy":
+        for name in _array_names(table):
+            fname = f"{name}.npy"
+            arr = np.ascontiguousarray(arrays[name])
+            _fileio.write_file(os.path.join(tmp, fname), _npy_writer(arr))
+            checksums[fname] = sha256_file(os.path.join(tmp, fname))
+            kill_point(f"file:{fname}")
+    else:
+        _fileio.write_file(os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays))
+        checksums[TEXT_ROWS] = sha256_file(os.path.join(tmp, TEXT_ROWS))
+    return int(keys.shape[0]), checksums
 
 
 def _renameat2_exchange(a: str, b: str) -> bool:
@@ -437,6 +481,7 @@ def load_into(
     *,
     buckets: npt.NDArray[np.bool_] | None = None,
     verified: dict[str, Any] | None = None,
+    header: dict[str, Any] | None = None,
 ) -> int:
     """Merge a saved table into ``table``; return the number of rows read.
 
@@ -448,9 +493,40 @@ def load_into(
             with ``order="bucket"`` is sliced without touching other rows).
         verified: the header :func:`verify` returned for ``path``, to skip
             hashing the files a second time.
+        header: the checked header (:func:`read_header`) of files not verified
+            yet, for a load into a fresh table: read whole, the files are
+            hashed as they stream in and a mismatch raises at the end (the
+            table is then half-filled; the caller discards it).
+
+    Without ``verified`` or ``header``, the files are verified before anything
+    is written into ``table``.
     """
-    header = verified if verified is not None else read_header(path)
+    stream_check = verified is None and header is not None
+    header = verified if verified is not None else header if header is not None else read_header(path)
     fname = os.path.join(header["_dir"], HEADER)
+    _check_fits(table, header, fname)
+    count = int(header["count"])
+    ranges = None  # the row ranges of the selected buckets, when they are not all rows
+    if buckets is not None and header.get("order") == "bucket":
+        got = stream.bucket_ranges(_offsets(header), buckets)
+        if count and got != [(0, count)]:
+            ranges = got
+    if verified is None and (header.get("storage") == "txt" or not stream_check or ranges):
+        _verify(header)
+    if header.get("storage") == "txt":
+        n = _load_text(table, header, key_filter, buckets, fname)
+    else:
+        cols = stream.columns(table.dim, table.optimizer.state_arrays(table.dim))
+        if ranges is None and not (stream_check and verified is None):
+            ranges = [(0, count)]
+        keep = _keep(key_filter, buckets if header.get("order") != "bucket" else None, fname)
+        n = stream.read_rows(table, header, cols, ranges, keep)  # type: ignore[arg-type]
+    _load_sketch(table, header, buckets)
+    table.generation = max(table.generation, int(header.get("generation", 0)))
+    return n
+
+
+def _check_fits(table: TableRows, header: dict[str, Any], fname: str) -> None:
     if int(header["dim"]) != table.dim:
         raise MismatchError(
             f"{fname}: saved dim {header['dim']} != table {table.name!r} dim {table.dim}."
@@ -461,8 +537,39 @@ def load_into(
             f"{fname}: saved optimizer {saved_opt} != table {table.name!r} optimizer "
             f"{type(table.optimizer).__name__}."
         )
-    if verified is None:
-        _verify(header)
+
+
+def _keep(
+    key_filter: Callable[..., Any] | None, buckets: npt.NDArray[np.bool_] | None, where: str
+) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None:
+    """``keys -> mask`` of the keys passing ``key_filter`` and in ``buckets`` (None: all)."""
+    if key_filter is None and buckets is None:
+        return None
+
+    def keep(keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        mask = np.ones(keys.shape[0], np.bool_)
+        if buckets is not None:
+            mask &= buckets[bucket_of(keys)]
+        if key_filter is not None:
+            got = np.asarray(key_filter(keys))
+            if got.dtype != np.bool_ or got.shape != keys.shape:
+                raise ArgumentError(
+                    f"`key_filter` must return a bool mask of shape {keys.shape} for {where}. "
+                    f"Received: dtype={got.dtype}, shape={got.shape}."
+                )
+            mask &= got
+        return mask
+
+    return keep
+
+
+def _load_text(
+    table: TableRows,
+    header: dict[str, Any],
+    key_filter: Callable[..., Any] | None,
+    buckets: npt.NDArray[np.bool_] | None,
+    fname: str,
+) -> int:
     arrays = _read_arrays(header, _array_names(table), table.dim)
     _check_shapes(header, arrays, table.dim)
     sel = _select(arrays, key_filter, fname)
@@ -470,8 +577,57 @@ def load_into(
         sel = np.intersect1d(sel, _bucket_rows(header, arrays["keys"], buckets), assume_unique=True)
     keys, rec = _records_from(table, arrays, sel, fname)
     table.write_records(keys, rec)
-    table.generation = max(table.generation, int(header.get("generation", 0)))
     return int(keys.shape[0])
+
+
+def _offsets(header: dict[str, Any]) -> npt.NDArray[np.int64]:
+    full = os.path.join(header["_dir"], "bucket_offsets.npy")
+    digest = header["files"].get("bucket_offsets.npy")
+    if digest is None:
+        raise CheckpointError(f"{full} is not listed in {HEADER} (order 'bucket' needs it).")
+    check_file(full, digest, "Saved table", HEADER)
+    try:
+        offsets = np.load(full, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"Cannot read {full}: {e}.") from None
+    n = int(header["count"])
+    if offsets.shape != (NUM_BUCKETS + 1,) or offsets[0] != 0 or offsets[-1] != n or (
+        np.diff(offsets) < 0
+    ).any():
+        raise CheckpointError(f"{full} does not match the {n} saved keys.")
+    return offsets
+
+
+def _load_sketch(
+    table: TableRows, header: dict[str, Any], buckets: npt.NDArray[np.bool_] | None
+) -> None:
+    """Merge the saved admission sketch's slices (of the selected buckets) into the table's."""
+    sketch = getattr(table, "_sketch", None)
+    if sketch is None or "sketch.npy" not in header["files"]:
+        return
+    d, fname = header["_dir"], os.path.join(header["_dir"], HEADER)
+    arrays = {}
+    for name in ("sketch_buckets", "sketch"):
+        full = check_file(
+            os.path.join(d, f"{name}.npy"), header["files"][f"{name}.npy"], "Saved table", HEADER
+        )
+        try:
+            arrays[name] = np.load(full, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"Cannot read {full}: {e}.") from None
+    which, slices = arrays["sketch_buckets"], arrays["sketch"]
+    if slices.shape[1:] != (DEPTH, sketch.width) or which.shape[0] != slices.shape[0]:
+        raise MismatchError(
+            f"{fname}: the saved admission sketch has {slices.shape[1:]} counters per bucket, "
+            f"table {table.name!r} has {(DEPTH, sketch.width)} (sketch_bytes changed); "
+            "keep sketch_bytes when resuming."
+        )
+    if which.dtype != np.int64 or ((which < 0) | (which >= NUM_BUCKETS)).any():
+        raise CheckpointError(f"{fname}: sketch_buckets.npy holds buckets outside 0..1023.")
+    if buckets is not None:
+        sel = buckets[which]
+        which, slices = which[sel], slices[sel]
+    sketch.merge(which, np.ascontiguousarray(slices, dtype=np.float32))
 
 
 def _bucket_rows(
@@ -479,13 +635,7 @@ def _bucket_rows(
 ) -> npt.NDArray[np.int64]:
     """Return the row indices of the selected buckets (sliced by offsets when saved by bucket)."""
     if header.get("order") == "bucket":
-        full = os.path.join(header["_dir"], "bucket_offsets.npy")
-        try:
-            offsets = np.load(full, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"Cannot read {full}: {e}.") from None
-        if offsets.shape != (NUM_BUCKETS + 1,) or offsets[-1] != keys.shape[0]:
-            raise CheckpointError(f"{full} does not match the {keys.shape[0]} saved keys.")
+        offsets = _offsets(header)
         lengths = np.where(buckets, np.diff(offsets), 0)  # [1024]
         starts = np.repeat(offsets[:-1] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
         return starts + np.arange(int(lengths.sum()), dtype=np.int64)
@@ -521,6 +671,9 @@ def table_args(
             "initializer": Initializer.from_config(header["initializer"]),
             "seed": int(header["seed"]),
             "policy": EvictionPolicy.from_config(header["policy"]),
+            "admission": AdmissionPolicy.from_config(header["admission"])
+            if header.get("admission")
+            else None,
         }
     except (KeyError, TypeError, ArgumentError) as e:
         raise CheckpointError(f"{fname}: invalid header field: {e}.") from None

@@ -28,6 +28,9 @@ class EvictionPolicy:
         show_threshold: delete rows whose decayed show is below this.
         max_unseen_days: delete rows not pushed for more than this many days.
         combine: ``"any"`` or ``"all"``.
+        max_rows: the row cap (over all workers), at least 1024 (one row per
+            bucket); ``None``: no cap.
+        low_water: share of the cap a full bucket is evicted down to, in ``(0, 1]``.
 
     Example:
         >>> EvictionPolicy(show_threshold=1.0, max_unseen_days=30, combine="any").combine
@@ -38,6 +41,8 @@ class EvictionPolicy:
     show_threshold: float | None = None
     max_unseen_days: int | None = None
     combine: str = "any"
+    max_rows: int | None = None
+    low_water: float = 0.95
 
     def __post_init__(self) -> None:
         r = self.show_decay_rate
@@ -61,6 +66,18 @@ class EvictionPolicy:
             raise ArgumentError(
                 "EvictionPolicy: `combine` must be 'any' or 'all'. "
                 f"Received: combine={self.combine!r}."
+            )
+
+        m = self.max_rows
+        if m is not None and not (isinstance(m, int) and not isinstance(m, bool) and m >= 1024):
+            raise ArgumentError(
+                "EvictionPolicy: `max_rows` must be an int >= 1024 (the cap is kept per "
+                f"bucket, 1024 buckets) or None. Received: max_rows={m!r}."
+            )
+        lw = self.low_water
+        if not (isinstance(lw, (int, float)) and not isinstance(lw, bool) and 0.0 < lw <= 1.0):
+            raise ArgumentError(
+                f"EvictionPolicy: `low_water` must be in (0, 1]. Received: low_water={lw!r}."
             )
 
     @property

@@ -330,6 +330,20 @@ def create_rows(
 
 
 @nb.njit(nogil=True, cache=True)
+def init_vectors(
+    keys: np.ndarray,
+    table_seed: np.uint64,
+    init_kind: int,
+    init_param: float,
+    D: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Write each key's initial weights into ``out[n, D]`` (as :func:`create_rows` would)."""
+    for i in range(keys.shape[0]):
+        init_weights(out[i], keys[i], table_seed, init_kind, init_param, D)
+
+
+@nb.njit(nogil=True, cache=True)
 def count_row_duplicates(
     rows: np.ndarray, bitmap: np.ndarray
 ) -> int:  # pragma: no cover - compiled

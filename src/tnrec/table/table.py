@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from tnrec._hashing import NUM_BUCKETS
 from tnrec.errors import ArgumentError, NonFiniteError, TableKeyError
-from tnrec.table import index, rows, threads
+from tnrec.table import capacity, index, rows, threads
+from tnrec.table.admission import AdmissionPolicy, CountMinSketch, admission_passes
 from tnrec.table.init import Initializer, normal, table_stream_seed
 from tnrec.table.optimizers import SparseOptimizer
 from tnrec.table.policy import EvictionPolicy
@@ -17,12 +19,21 @@ from tnrec.table.policy import EvictionPolicy
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from tnrec.table.capacity import MemoryBudget
+
 Keys = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
 class TableStats:
-    """Size figures of a table (see :meth:`SparseTable.stats`)."""
+    """Size figures of a table (see :meth:`SparseTable.stats`).
+
+    ``bytes_held`` is ``index_bytes + row_bytes + sketch_bytes``; ``row_bytes``
+    splits into ``weight_bytes``, ``state_bytes`` (the optimizer's) and the
+    statistics, and counts every allocated row (free and unused ones too).
+    ``sketch_bytes`` is the admission sketch's allocation (virtual: a worker
+    touches only its own buckets' share).
+    """
 
     count: int
     capacity: int
@@ -30,6 +41,11 @@ class TableStats:
     load_factor: float
     bytes_held: int
     bytes_per_key: float
+    index_bytes: int = 0
+    row_bytes: int = 0
+    weight_bytes: int = 0
+    state_bytes: int = 0
+    sketch_bytes: int = 0
 
 
 class SparseTable:
@@ -50,7 +66,10 @@ class SparseTable:
         name: the table's name; part of every key's initial vector.
         initializer: :func:`normal` (default, TensorNet's), :func:`uniform`, :func:`zeros`.
         seed: part of every key's initial vector.
-        policy: statistics decay rate and eviction tests; the default deletes nothing.
+        policy: statistics decay rate, eviction tests and the row cap; the
+            default deletes nothing.
+        admission: when an absent key gets a row (:class:`AdmissionPolicy`);
+            ``None`` (default): at its first training pull.
 
     Example:
         >>> import numpy as np
@@ -74,6 +93,7 @@ class SparseTable:
         initializer: Initializer | None = None,
         seed: int = 0,
         policy: EvictionPolicy | None = None,
+        admission: AdmissionPolicy | None = None,
     ) -> None:
         if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
             raise ArgumentError(
@@ -99,6 +119,11 @@ class SparseTable:
             raise ArgumentError(
                 f'Table "{name}": `policy` must be an EvictionPolicy. Received: {policy!r}.'
             )
+        if admission is not None and not isinstance(admission, AdmissionPolicy):
+            raise ArgumentError(
+                f'Table "{name}": `admission` must be an AdmissionPolicy or None. '
+                f"Received: {admission!r}."
+            )
         self.dim = int(dim)
         self.optimizer = optimizer
         self.name = name
@@ -118,6 +143,20 @@ class SparseTable:
         # push of the same keys (the training step's pull -> push) reuses the
         # rows instead of looking every key up again. Rows never move.
         self._last_lookup: tuple[Keys, npt.NDArray[np.int32], int] | None = None
+        self.admission = admission
+        self._sketch = (
+            CountMinSketch(admission.width, self._table_seed)
+            if admission is not None and admission.min_show is not None
+            else None
+        )
+        self._bucket_rows = np.zeros(NUM_BUCKETS, dtype=np.int64)  # rows per bucket
+        self._caps = (
+            capacity.bucket_caps(policy.max_rows) if policy.max_rows is not None else None
+        )
+        self.memory_budget: MemoryBudget | None = None
+        # Cumulative since the table was built: keys given a row by admission,
+        # training pulls of keys refused a row, rows evicted by the cap.
+        self.counters = {"keys_admitted": 0, "keys_refused": 0, "keys_evicted_cap": 0}
 
     # ------------------------------------------------------------------ info
 
@@ -141,15 +180,48 @@ class SparseTable:
         ``bytes_held`` counts the index, every allocated row chunk and the free list.
         """
         cap = self._slots.shape[0]
-        held = self._slots.nbytes + self._store.nbytes()
+        st = self._store
+        sketch = self._sketch.nbytes if self._sketch is not None else 0
+        held = self._slots.nbytes + st.nbytes() + sketch
         return TableStats(
             count=self._count,
             capacity=cap,
-            rows_allocated=self._store.capacity,
+            rows_allocated=st.capacity,
             load_factor=self._count / cap,
             bytes_held=held,
             bytes_per_key=held / max(self._count, 1),
+            index_bytes=int(self._slots.nbytes),
+            row_bytes=st.nbytes(),
+            weight_bytes=st.capacity * self.dim * 4,
+            state_bytes=st.capacity * self._state_width * 4,
+            sketch_bytes=sketch,
         )
+
+    def memory(self) -> dict[str, float]:
+        """Return rows, bytes by kind, rows per bucket (max / mean) and the admission counters.
+
+        Keys: ``rows``, ``bytes``, ``index_bytes``, ``row_bytes``, ``weight_bytes``,
+        ``state_bytes``, ``sketch_bytes``, ``sketch_fill`` (share of non-zero
+        counters in the buckets touched), ``keys_admitted``, ``keys_refused``,
+        ``keys_evicted_cap``.
+        """
+        s = self.stats()
+        out: dict[str, float] = {
+            "rows": s.count,
+            "bytes": s.bytes_held,
+            "index_bytes": s.index_bytes,
+            "row_bytes": s.row_bytes,
+            "weight_bytes": s.weight_bytes,
+            "state_bytes": s.state_bytes,
+            "sketch_bytes": s.sketch_bytes,
+            "sketch_fill": self._sketch.fill() if self._sketch is not None else 0.0,
+        }
+        out.update(self.counters)
+        return out
+
+    def bucket_rows(self) -> npt.NDArray[np.int64]:
+        """Return the number of rows of each of the 1024 buckets (a copy)."""
+        return self._bucket_rows.copy()
 
     def keys(self) -> Keys:
         """Return every key, sorted ascending."""
@@ -225,13 +297,47 @@ class SparseTable:
                 )
         if missing and create:
             where = np.flatnonzero(rws < 0)
-            new_keys = keys[where]
-            new_rows = self._insert(new_keys)
-            fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
-            rows.gather(*st.loc, new_rows, self.dim, fresh)
-            out[where] = fresh
-            rws[where] = new_rows
+            if self.admission is not None:
+                where = self._admit(keys, where, out)
+            if where.shape[0]:
+                new_rows = self._insert(keys[where])
+                fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
+                rows.gather(*st.loc, new_rows, self.dim, fresh)
+                out[where] = fresh
+                rws[where] = new_rows
         self._last_lookup = (keys.copy(), rws, self._key_version)
+        return out
+
+    def _admit(
+        self, keys: Keys, where: npt.NDArray[np.intp], out: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.intp]:
+        """Return the positions of the absent keys admitted now; fill the refused ones' output.
+
+        A key is admitted when its sketch count reaches ``min_show`` and it
+        passes the probability test (each test only when set).
+        """
+        adm = self.admission
+        if adm is None:
+            return where
+        absent = keys[where]
+        ok = np.ones(absent.shape[0], dtype=np.bool_)
+        if self._sketch is not None and adm.min_show is not None:
+            ok &= self._sketch.estimate(absent) >= np.float32(adm.min_show)
+        if adm.probability is not None and adm.probability < 1.0:
+            ok &= admission_passes(absent, adm.probability, self._table_seed)
+        refused = where[~ok]
+        self.counters["keys_admitted"] += int(ok.sum())
+        self.counters["keys_refused"] += int(refused.shape[0])
+        if adm.read_unadmitted == "init" and refused.shape[0]:
+            out[refused] = self.initial_vectors(keys[refused])
+        return where[ok]
+
+    def initial_vectors(self, keys: Keys) -> npt.NDArray[np.float32]:
+        """Return the initial vector each key gets when its row is created (``float32[n, D]``)."""
+        k = self._check_keys(keys)
+        init = self.initializer
+        out = np.empty((k.shape[0], self.dim), dtype=np.float32)
+        rows.init_vectors(k, self._table_seed, init.code(), init.param, self.dim, out)
         return out
 
     def _remembered_rows(self, keys: Keys) -> npt.NDArray[np.int32] | None:
@@ -251,7 +357,9 @@ class SparseTable:
         n = keys.shape[0]
         out_rows = np.empty(n, dtype=np.int32)
         st = self._store
+        self._reserve(n)
         self._key_version += 1
+        capacity.bucket_counts(keys, self._bucket_rows, 1)
         start = 0
         while True:
             limit = index.max_count(self._slots.shape[0])
@@ -290,6 +398,33 @@ class SparseTable:
             ),
         )  # fmt: skip
         return out_rows
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` more keys now (index and row chunks), so inserting them later
+        neither rehashes nor allocates.
+
+        Raises:
+            MemoryLimitError: the room would pass the memory budget (nothing is allocated).
+        """
+        self._reserve(int(n))
+
+    def _reserve(self, n: int) -> None:
+        """Allocate what ``n`` new keys need (index, row chunks), checking the memory budget
+        first: on :class:`~tnrec.errors.MemoryLimitError` nothing has changed."""
+        st = self._store
+        new_rows = max(0, n - st.free_top - (st.capacity - st.next_row))
+        chunks = -(-new_rows // st.chunk_rows)
+        cap = self._slots.shape[0]
+        grow = self._count + n > index.max_count(cap)
+        if self.memory_budget is not None and (chunks or grow):
+            extra = chunks * st.chunk_rows * st.stride * 4
+            if grow:
+                extra += index.capacity_for(self._count + n) * 12
+            self.memory_budget.check(self, extra, f"adding {n} keys")
+        if grow:
+            self._grow_index(self._count + n)
+        for _ in range(chunks):
+            st.add_chunk()
 
     def _grow_index(self, need: int) -> None:
         cap = index.capacity_for(need)
@@ -348,6 +483,10 @@ class SparseTable:
         unknown = sum(u for u, _ in counts)
         bad = sum(b for _, b in counts)
         dup = rows.count_row_duplicates(rws, st.bitmap)
+        if self.admission is not None and unknown:
+            # keys without a row are keys not admitted yet: they feed the sketch
+            dup += index.count_duplicates(np.ascontiguousarray(k[rws < 0]))
+            unknown = 0
         if unknown or dup:
             raise TableKeyError(
                 f'Table "{self.name}": push got {unknown} unknown and {dup} duplicate key(s) '
@@ -360,6 +499,35 @@ class SparseTable:
                 "show or click; nothing was updated."
             )
         self._apply(parts, rws, g, s, c)
+        self._after_push(k, rws, s)
+
+    def _after_push(self, keys: Keys, rws: npt.NDArray[np.int32], show: np.ndarray) -> None:
+        """Count the shows of keys not admitted into the sketch; enforce the row cap."""
+        if self._sketch is not None:
+            miss = rws < 0
+            if miss.any():
+                self._sketch.add(keys[miss], show[miss])
+        if self._caps is not None:
+            self._enforce_cap(rws)
+
+    def _enforce_cap(self, protect: npt.NDArray[np.int32]) -> None:
+        """Evict every bucket above its share of ``max_rows`` down to its low water mark,
+        never the rows in ``protect`` (the batch just pushed)."""
+        caps = self._caps
+        if caps is None:
+            return
+        over = self._bucket_rows > caps
+        if not over.any():
+            return
+        low = np.floor(self.policy.low_water * caps).astype(np.int64)
+        excess = np.where(over, self._bucket_rows - low, 0)
+        bitmap = self._store.bitmap
+        capacity.set_bits(bitmap, protect, True)
+        try:
+            victims = capacity.select_cap_victims(self, over, excess)
+        finally:
+            capacity.set_bits(bitmap, protect, False)
+        self.counters["keys_evicted_cap"] += self.delete(victims)
 
     def _apply(
         self,
@@ -397,9 +565,15 @@ class SparseTable:
         opt = self.optimizer
         parts = threads.slices(keys.shape[0])
         known = self._remembered_rows(keys)
+        if known is None and (self.admission is not None or self._caps is not None):
+            known = np.empty(keys.shape[0], dtype=np.int32)
+            rows.lookup_rows(self._slots, keys, known)
         if known is not None:
             unknown = int(np.count_nonzero(known < 0))
             self._apply(parts, known, grads, show, click)
+            if self.admission is not None:
+                unknown = 0
+            self._after_push(keys, known, show)
         else:
             slots, loc = self._slots, st.loc
             kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
@@ -448,6 +622,8 @@ class SparseTable:
             int(delta_days),
             self.stats_offset,
         )
+        if self._sketch is not None:
+            self._sketch.decay(factor)
 
     def evict(self) -> int:
         """Delete the rows the table's policy selects; free their rows for reuse.
@@ -478,8 +654,11 @@ class SparseTable:
         k = self._check_keys(keys)
         st = self._store
         st.reserve_free_slots(k.shape[0])
+        found = np.empty(k.shape[0], dtype=np.int32)
+        index.lookup(self._slots, k, found)
         self._key_version += 1
         deleted, st.free_top = index.delete(self._slots, k, st.free_rows, st.free_top)
+        capacity.bucket_counts(k[found >= 0], self._bucket_rows, -1)
         self._count -= deleted
         return int(deleted)
 
@@ -560,17 +739,23 @@ class SparseTable:
 
     # ------------------------------------------------------------------ files
 
-    def save(self, path: str, storage: str = "npy") -> None:
-        """Save every row to directory ``path`` atomically (see :mod:`tnrec.table.files`)."""
+    def save(self, path: str, storage: str = "npy", order: str = "key") -> None:
+        """Save every row to directory ``path`` atomically (see :mod:`tnrec.table.files`).
+
+        ``order="bucket"`` streams the rows in bounded chunks (what checkpoints
+        use; for big tables); ``"key"`` writes them sorted by key (a sorted copy).
+        """
         from tnrec.table import files
 
-        files.save(self, path, storage=storage)
+        files.save(self, path, storage=storage, order=order)
 
-    def save_range(self, path: str, lo: int, hi: int, storage: str = "npy") -> None:
+    def save_range(
+        self, path: str, lo: int, hi: int, storage: str = "npy", order: str = "key"
+    ) -> None:
         """Save the rows whose ``bucket_of(key)`` is in ``[lo, hi)`` to ``path`` atomically."""
         from tnrec.table import files
 
-        files.save(self, path, storage=storage, bucket_range=(lo, hi))
+        files.save(self, path, storage=storage, bucket_range=(lo, hi), order=order)
 
     @classmethod
     def load(
@@ -580,6 +765,7 @@ class SparseTable:
         *,
         dim: int | None = None,
         optimizer: SparseOptimizer | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> SparseTable:
         """Load a table saved by :meth:`save`; optionally only keys passing ``key_filter``.
 
@@ -589,6 +775,8 @@ class SparseTable:
             dim: if given, refuse a table of another dimension.
             optimizer: if given, refuse a table of another optimizer type; the
                 loaded table uses this config's hyper-parameters.
+            memory_budget: count the loaded table against this budget (a load
+                that would pass it stops with MemoryLimitError before allocating).
 
         Raises:
             CheckpointError: missing or unreadable files; ChecksumError, FormatVersionError,
@@ -598,8 +786,9 @@ class SparseTable:
 
         args, header = files.table_args(path, dim=dim, optimizer=optimizer)
         table = cls(**args)
+        table.memory_budget = memory_budget
         table.generation = int(header.get("generation", 0))
-        files.load_into(table, header["_dir"], key_filter, verified=None)
+        files.load_into(table, header["_dir"], key_filter, header=header)
         return table
 
     def load_rows(

@@ -1,0 +1,347 @@
+"""Streaming save and load of a table's rows, in bounded chunks.
+
+A save in bucket order never copies the table. One pass over the index
+groups the live slots by bucket (``int32`` slot numbers: 4 bytes a key);
+then chunks of ``CHUNK_BYTES`` of rows are gathered straight from the row
+store and appended to the column files (``keys.npy``, ``weights.npy``, the
+optimizer's state, ``show`` ... ``marker``; the ``.npy`` headers are written
+first, from the known row count), each file's sha256 computed as it is
+written. A writer thread writes chunk ``i`` while the next is gathered, so
+the disk and the gathering overlap. Memory beyond the table: the slot order
+plus two chunks.
+
+A load reads the column files in the same chunks (``readinto``, no memory
+map, so an uncached file is read sequentially at the disk's rate), builds
+each chunk's records and inserts them; the table reserves its index and row
+chunks for the whole count first, so nothing is rehashed as rows arrive.
+Read whole, each file's sha256 is checked as it streams by and compared at
+the end; read by bucket (another number of workers), the files are verified
+first, then only the selected buckets' byte ranges are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numba as nb
+import numpy as np
+import numpy.typing as npt
+
+from tnrec import _fileio
+from tnrec._hashing import NUM_BUCKETS, bucket_of, mix64_scalar
+from tnrec.errors import ChecksumError, CheckpointError
+from tnrec.table.index import slot_key
+from tnrec.table.rows import row_f32
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tnrec.table.table import SparseTable
+
+CHUNK_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column file: its name, first record slot, width, dtype and whether it is 2-D."""
+
+    name: str
+    start: int
+    width: int
+    dtype: str  # "f4" or "i4"
+    matrix: bool
+
+    def shape(self, n: int) -> tuple[int, ...]:
+        """The array's shape for ``n`` rows."""
+        return (n, self.width) if self.matrix else (n,)
+
+
+def columns(dim: int, state: list[tuple[str, int, str]]) -> list[Column]:
+    """The record's columns after ``keys``: weights, the optimizer's state, the statistics."""
+    out = [Column("weights", 0, dim, "f4", True)]
+    col = dim
+    for name, width, dtype in state:
+        w = width or 1
+        out.append(Column(name, col, w, "i4" if dtype == "int32" else "f4", bool(width)))
+        col += w
+    for name, dt in (("show", "f4"), ("click", "f4"), ("unseen_days", "i4"), ("marker", "i4")):
+        out.append(Column(name, col, 1, dt, False))
+        col += 1
+    return out
+
+
+def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for an array of ``dtype`` and ``shape``."""
+    buf = io.BytesIO()
+    descr = np.lib.format.dtype_to_descr(np.dtype("<" + dtype))
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": descr, "fortran_order": False, "shape": shape}
+    )
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------- kernels
+
+
+@nb.njit(nogil=True, cache=True)
+def _bucket_slot_order(
+    slots: np.ndarray, lo: int, hi: int, starts: np.ndarray, out: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """Write the live slots whose bucket is in ``[lo, hi)`` to ``out``, grouped by bucket
+    (``starts[b]`` is bucket ``b``'s first position; advanced as slots are placed)."""
+    nb_ = np.uint64(NUM_BUCKETS)
+    n = 0
+    for s in range(slots.shape[0]):
+        if slots[s, 2] < 0:
+            continue
+        b = int(mix64_scalar(np.uint64(slot_key(slots, s))) % nb_)
+        if lo <= b < hi:
+            out[starts[b]] = s
+            starts[b] += 1
+            n += 1
+    return n
+
+
+@nb.njit(nogil=True, cache=True)
+def _gather_chunk(
+    slots: np.ndarray,
+    order: np.ndarray,
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    keys: np.ndarray,
+    rec: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    for i in range(order.shape[0]):
+        s = order[i]
+        keys[i] = slot_key(slots, s)
+        c = row_f32(bases, slots[s, 2], shift, lmask, stride)
+        for j in range(stride):
+            rec[i, j] = c[j]
+
+
+# ---------------------------------------------------------------------- save
+
+
+def bucket_order(
+    table: SparseTable, lo: int, hi: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """Return the live slots of buckets ``[lo, hi)`` grouped by bucket, and the offsets
+    (``int64[NUM_BUCKETS + 1]``: bucket ``b`` is ``order[offsets[b]:offsets[b+1]]``)."""
+    counts = table.bucket_rows()
+    counts[:lo] = 0
+    counts[hi:] = 0
+    offsets = np.zeros(NUM_BUCKETS + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    order = np.empty(int(offsets[-1]), dtype=np.int32)
+    n = _bucket_slot_order(table._slots, lo, hi, offsets[:-1].copy(), order)
+    if n != order.shape[0]:
+        raise RuntimeError(f"internal error: {n} slots in the buckets, counts say {order.shape[0]}")
+    return order, offsets
+
+
+def _chunks(n: int, stride: int) -> Iterator[tuple[int, int]]:
+    rows = max(4096, CHUNK_BYTES // (8 + 4 * stride))
+    for a in range(0, n, rows):
+        yield a, min(n, a + rows)
+
+
+def write_columns(
+    table: SparseTable, tmp: str, order: npt.NDArray[np.int32], cols: list[Column]
+) -> dict[str, str]:
+    """Write ``keys.npy`` and one file per column of the rows in ``order``; return their sha256."""
+    n = order.shape[0]
+    st = table._store
+    names = ["keys", *(c.name for c in cols)]
+    files = {name: _fileio.StreamFile(os.path.join(tmp, f"{name}.npy")) for name in names}
+    try:
+        files["keys"].write(npy_header("i8", (n,)))
+        for c in cols:
+            files[c.name].write(npy_header(c.dtype, c.shape(n)))
+        with ThreadPoolExecutor(1, thread_name_prefix="tnrec-save") as pool:
+            pending: Future[None] | None = None
+            for a, b in _chunks(n, st.stride):
+                keys = np.empty(b - a, np.int64)
+                rec = np.empty((b - a, st.stride), np.float32)
+                _gather_chunk(table._slots, order[a:b], *st.loc, keys, rec)
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(_write_chunk, files, cols, keys, rec)
+            if pending is not None:
+                pending.result()
+        sums = {}
+        for name in names:
+            sums[f"{name}.npy"] = files[name].close()
+            _fileio.kill_point(f"file:{name}.npy")
+        return sums
+    except BaseException:
+        for f in files.values():
+            f.abort()
+        raise
+
+
+def _write_chunk(
+    files: dict[str, _fileio.StreamFile], cols: list[Column], keys: np.ndarray, rec: np.ndarray
+) -> None:
+    files["keys"].write(memoryview(keys))
+    for c in cols:
+        files[c.name].write(memoryview(np.ascontiguousarray(rec[:, c.start : c.start + c.width])))
+
+
+# ---------------------------------------------------------------------- load
+
+
+class _Reader:
+    """One ``.npy`` column file read in pieces, hashing what it reads when ``hashing``."""
+
+    def __init__(
+        self, path: str, dtype: str, shape: tuple[int, ...], digest: str | None, hashing: bool
+    ) -> None:
+        self.path = path
+        if not os.path.isfile(path):
+            raise CheckpointError(f"Saved table file {path} is missing (it is listed in table.json).")
+        try:
+            self.f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        except OSError as e:
+            raise CheckpointError(f"Cannot read {path}: {e}.") from None
+        try:
+            version = np.lib.format.read_magic(self.f)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            got_shape, fortran, got_dtype = read_header(self.f)
+            problem = None
+            if got_shape != shape or fortran or got_dtype != np.dtype("<" + dtype):
+                problem = f"holds {got_dtype}{list(got_shape)}, expected {dtype}{list(shape)}"
+        except Exception as e:  # numpy raises ValueError, SyntaxError, TokenError ...
+            problem = f"its .npy header cannot be read ({type(e).__name__})"
+        if problem is not None:
+            self.f.close()
+            if hashing and digest is not None and _fileio.sha256_file(path) != digest:
+                raise ChecksumError(
+                    f"Saved table file {path} is corrupt: its sha256 does not match table.json."
+                )
+            raise CheckpointError(f"{path}: {problem}, as table.json says.")
+        self.offset = self.f.tell()
+        self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.hash = hashlib.sha256() if hashing else None
+        if self.hash is not None:
+            self.f.seek(0)
+            self.hash.update(self.f.read(self.offset))
+
+    def read(self, a: int, b: int, out: np.ndarray) -> None:
+        """Read rows ``[a, b)`` into the contiguous ``out``."""
+        try:
+            if self.hash is None:
+                self.f.seek(self.offset + a * self.row_bytes)
+            got = self.f.readinto(memoryview(out).cast("B"))
+        except OSError as e:
+            raise CheckpointError(f"Cannot read {self.path}: {e}.") from None
+        if got != (b - a) * self.row_bytes:
+            raise ChecksumError(
+                f"Saved table file {self.path} is corrupt: it is truncated (rows {a}..{b} are "
+                "missing), so its sha256 does not match table.json."
+            )
+        if self.hash is not None:
+            self.hash.update(memoryview(out).cast("B"))
+
+    def finish(self, digest: str, header_file: str) -> None:
+        """Check the whole file was read and matches ``digest``; close it."""
+        try:
+            rest = self.f.read(1) if self.hash is not None else b""
+        finally:
+            self.f.close()
+        if self.hash is not None and (rest or self.hash.hexdigest() != digest):
+            raise ChecksumError(
+                f"Saved table file {self.path} is corrupt: its sha256 does not match {header_file}."
+            )
+
+    def close(self) -> None:
+        """Close the file."""
+        self.f.close()
+
+
+def read_rows(
+    table: SparseTable,
+    header: dict[str, Any],
+    cols: list[Column],
+    ranges: list[tuple[int, int]] | None,
+    keep: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None,
+) -> int:
+    """Insert the saved rows of ``ranges`` (``None``: all, checksums checked as they stream by)
+    that ``keep`` accepts into ``table``; return how many were inserted."""
+    d, n = header["_dir"], int(header["count"])
+    hashing = ranges is None
+    spans = [(0, n)] if ranges is None else ranges
+    sums = header["files"]
+    readers = {"keys": _Reader(os.path.join(d, "keys.npy"), "i8", (n,), sums.get("keys.npy"), hashing)}
+    try:
+        for c in cols:
+            f = f"{c.name}.npy"
+            readers[c.name] = _Reader(os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing)
+        table.reserve(sum(b - a for a, b in spans))
+        stride = table._store.stride
+        done = 0
+        for lo, hi in spans:
+            for a, b in _chunks(hi - lo, stride):
+                done += _read_chunk(table, readers, cols, lo + a, lo + b, stride, keep)
+        if hashing:
+            fname = os.path.join(d, "table.json")
+            for name, r in readers.items():
+                r.finish(header["files"][f"{name}.npy"], fname)
+        return done
+    finally:
+        for r in readers.values():
+            r.close()
+
+
+def _read_chunk(
+    table: SparseTable,
+    readers: dict[str, _Reader],
+    cols: list[Column],
+    a: int,
+    b: int,
+    stride: int,
+    keep: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None,
+) -> int:
+    m = b - a
+    keys = np.empty(m, np.int64)
+    readers["keys"].read(a, b, keys)
+    rec = np.empty((m, stride), np.float32)
+    for c in cols:
+        part = np.empty((m, c.width), np.float32 if c.dtype == "f4" else np.int32)
+        readers[c.name].read(a, b, part)
+        rec[:, c.start : c.start + c.width] = part.view(np.float32)
+    if keep is not None:
+        sel = keep(keys)
+        keys, rec = keys[sel], rec[sel]
+    if keys.shape[0]:
+        table.write_records(keys, rec)
+    return int(keys.shape[0])
+
+
+def bucket_ranges(offsets: npt.NDArray[np.int64], buckets: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """Return the row ranges of the selected buckets (adjacent ones merged)."""
+    out: list[tuple[int, int]] = []
+    for b in np.flatnonzero(buckets):
+        a, e = int(offsets[b]), int(offsets[b + 1])
+        if a == e:
+            continue
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((a, e))
+    return out
+
+
+def bucket_filter(buckets: npt.NDArray[np.bool_]) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]:
+    """Return ``keys -> mask`` of the keys whose bucket is selected."""
+    return lambda keys: buckets[bucket_of(keys)]
