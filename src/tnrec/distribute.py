@@ -27,7 +27,7 @@ from tnrec.errors import ArgumentError, DistributedError
 from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.comm import Comm
 from tnrec.ps.sharded import ShardedPS
-from tnrec.table import SparseTable, threads
+from tnrec.table import MemoryBudget, SparseTable, threads
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -104,6 +104,11 @@ class PsStrategy:
         backend: torch.distributed backend.
         timeout_s: a collective that does not complete within this raises a
             :class:`~tnrec.errors.DistributedError` naming the rank and phase.
+        memory_limit_bytes: the most bytes this worker's tables may hold
+            together (index, rows, optimizer state, admission sketch). A pull
+            or load that would pass it stops with
+            :class:`~tnrec.errors.MemoryLimitError` before allocating, instead
+            of the kernel killing the process; ``None``: no limit.
 
     Example:
         >>> import tnrec as tn
@@ -115,10 +120,18 @@ class PsStrategy:
         >>> strategy.shutdown()                      # end of the program
     """
 
-    def __init__(self, backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        backend: str = "gloo",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        memory_limit_bytes: int | None = None,
+    ) -> None:
         global _current
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ArgumentError(f"PsStrategy: `timeout_s` must be > 0. Received: {timeout_s!r}.")
+        self.memory_budget = (
+            MemoryBudget(memory_limit_bytes) if memory_limit_bytes is not None else None
+        )
         self.env = launch_env()
         self.timeout_s = float(timeout_s)
         self.comm: Comm | None = None
@@ -159,6 +172,9 @@ class PsStrategy:
 
     def make_ps(self, tables: dict[str, SparseTable]) -> ParameterServer:
         """Return the parameter server for ``tables`` (sharded when distributed)."""
+        if self.memory_budget is not None:
+            for table in tables.values():
+                self.memory_budget.attach(table)
         if self.comm is None:
             return LocalPS(tables)
         return ShardedPS(tables, self.comm)

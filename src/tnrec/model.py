@@ -141,7 +141,7 @@ class Model(TrainingLoops, torch.nn.Module):
 
         Raises:
             ArgumentError: layers sharing a table disagree on dim, optimizer,
-                initializer, seed or policy.
+                initializer, seed, policy or admission.
         """
         groups: dict[str, list[EmbeddingFeatures]] = {}
         self._layers = self.embedding_layers()
@@ -151,7 +151,7 @@ class Model(TrainingLoops, torch.nn.Module):
         for name, layers in groups.items():
             first = layers[0]
             for other in layers[1:]:
-                for attr in ("dim", "sparse_optimizer", "initializer", "seed", "policy"):
+                for attr in ("dim", "sparse_optimizer", "initializer", "seed", "policy", "admission"):
                     if getattr(other, attr) != getattr(first, attr):
                         raise ArgumentError(
                             f'Layers "{first.name}" and "{other.name}" share table "{name}" but '
@@ -165,6 +165,7 @@ class Model(TrainingLoops, torch.nn.Module):
                 initializer=first.initializer,
                 seed=first.seed,
                 policy=first.policy,
+                admission=first.admission,
             )
         self._table_layers = groups
         if ps_factory is None:
@@ -241,9 +242,15 @@ class Model(TrainingLoops, torch.nn.Module):
     ) -> str:
         """Write the inference export (dictionaries, dense graph, feature spec) to ``path``.
 
-        See :func:`tnrec.export.export` (``onnx=True`` adds ``dense.onnx``;
-        ``provenance`` records the checkpoint it comes from);
-        :class:`tnrec.serving.Predictor` runs it.
+        Under a :class:`~tnrec.distribute.PsStrategy` every worker calls it and
+        writes the dictionary shards of its own tables in parallel; rank 0 adds
+        the dense graph and the manifest. See :func:`tnrec.export.export`
+        (``onnx=True`` adds ``dense.onnx``; ``provenance`` records the
+        checkpoint it comes from); :class:`tnrec.serving.Predictor` runs it.
+
+        Raises:
+            ArgumentError: ``path`` exists or an argument is invalid.
+            WriteError: a file cannot be written on some worker; nothing is left at ``path``.
         """
         from tnrec import export
 

@@ -17,6 +17,7 @@ from tnrec.cli.config import (
     RunConfig,
     make_columns,
     make_optimizer,
+    make_admission,
     make_policy,
 )
 from tnrec.distribute import PsStrategy, current_strategy
@@ -27,16 +28,25 @@ CONFIG_FILE = "config.json"
 GLOB_DAY = "train"  # the day label of a config with data.train globs instead of days
 
 
-def current_or_new_strategy(timeout_s: float | None = None) -> PsStrategy:
+def current_or_new_strategy(
+    timeout_s: float | None = None, memory_limit_bytes: int | None = None
+) -> PsStrategy:
     """The current strategy; created on first use from the launcher's environment.
 
     ``timeout_s`` (``distributed.timeout_s``, or ``--timeout-s``) is the
-    collective timeout of the process group this creates; an existing strategy is kept.
+    collective timeout of the process group this creates and
+    ``memory_limit_bytes`` (``distributed.memory_limit_bytes``) the limit of
+    this worker's tables; an existing strategy is kept.
     """
     s = current_strategy()
     if s is not None:
         return s
-    return PsStrategy() if timeout_s is None else PsStrategy(timeout_s=timeout_s)
+    kwargs: dict[str, Any] = {}
+    if memory_limit_bytes is not None:
+        kwargs["memory_limit_bytes"] = memory_limit_bytes
+    if timeout_s is not None:
+        kwargs["timeout_s"] = timeout_s
+    return PsStrategy(**kwargs)
 
 
 # ----------------------------------------------------------------- checks of numbers, paths, JSON
@@ -158,8 +168,9 @@ def build_model(cfg: RunConfig) -> ZooModel:
         dense_optimizer=make_optimizer(cfg, "dense"),
         **model_params(cfg),
     )
-    policy = make_policy(cfg)
+    policy, admission = make_policy(cfg), make_admission(cfg)
     for layer in model.embedding_layers():
         layer.policy = policy
+        layer.admission = admission
     model.compile()
     return model

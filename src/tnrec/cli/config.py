@@ -58,9 +58,18 @@ Every key, with its default::
     show_threshold = 1.0           # optional: evict rows whose decayed show is below this
     max_unseen_days = 30           # optional: evict rows not pushed for more days than this
     combine = "any"                # any | all
+    max_rows = 100000000           # optional: row cap of every table, kept per bucket (>= 1024)
+    low_water = 0.95               # a bucket over its share of max_rows is evicted down to this
+
+    [admission]                    # when a key gets a row (tnrec.table.AdmissionPolicy); optional
+    min_show = 2.0                 # at the first pull after its accumulated show reaches this
+    probability = 0.5              # optional: a fixed share of the key space (pure function of key)
+    sketch_bytes = 16777216        # count-min sketch per table (split over the 1024 buckets)
+    read_unadmitted = "zeros"      # zeros | init: what a pull returns for a key without a row
 
     [distributed]                  # under torchrun (tnrec.distribute.PsStrategy)
     timeout_s = 300.0              # a collective not done within this fails, naming rank and phase
+    memory_limit_bytes = 8000000000  # optional: the most bytes one worker's tables may hold
 
 Integers are checked against their range (``seed`` >= 0; ``embedding_dim``,
 ``hidden_units``, ``epochs``, ``batch_size``, ``log_every``,
@@ -102,12 +111,13 @@ from tnrec.errors import ArgumentError, ConfigError, SpecError
 from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
 from tnrec.models import MODELS
 from tnrec.optimizer import SparseOptimizer
-from tnrec.table import OPTIMIZERS, EvictionPolicy
+from tnrec.table import OPTIMIZERS, AdmissionPolicy, EvictionPolicy
 
 __all__ = [
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",
+    "AdmissionConfig",
     "EvictionConfig",
     "ModelConfig",
     "OptimizerConfig",
@@ -118,6 +128,7 @@ __all__ = [
     "load_config",
     "make_columns",
     "make_optimizer",
+    "make_admission",
     "make_policy",
 ]
 
@@ -199,13 +210,27 @@ class EvictionConfig:
     show_threshold: float | None = None
     max_unseen_days: int | None = None
     combine: str = "any"
+    max_rows: int | None = None
+    low_water: float = 0.95
+
+
+@dataclass
+class AdmissionConfig:
+    """``[admission]``: when a key gets a row (:func:`make_admission`); off unless
+    ``min_show`` or ``probability`` is set."""
+
+    min_show: float | None = None
+    probability: float | None = None
+    sketch_bytes: int = 16 << 20
+    read_unadmitted: str = "zeros"
 
 
 @dataclass
 class DistributedConfig:
-    """``[distributed]``: the collective timeout under torchrun."""
+    """``[distributed]``: the collective timeout under torchrun and the worker's memory limit."""
 
     timeout_s: float = 300.0
+    memory_limit_bytes: int | None = None
 
 
 @dataclass
@@ -234,6 +259,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     @property
@@ -446,6 +472,8 @@ def _check_values(where: str, c: RunConfig) -> None:
         make_optimizer(c, name)  # validates
     make_columns(c)  # validates
     make_policy(c)  # validates
+    make_admission(c)  # validates
+    positive("distributed.memory_limit_bytes", c.distributed.memory_limit_bytes)
 
 
 def load_config(path: str | os.PathLike[str], output_dir: str | None = None) -> RunConfig:
@@ -517,9 +545,32 @@ def make_policy(cfg: RunConfig) -> EvictionPolicy:
             show_threshold=None if e.show_threshold is None else float(e.show_threshold),
             max_unseen_days=e.max_unseen_days,
             combine=e.combine,
+            max_rows=e.max_rows,
+            low_water=float(e.low_water),
         )
     except ArgumentError as err:
         raise ConfigError(f"{cfg.source}: eviction: {err}") from None
+
+
+def make_admission(cfg: RunConfig) -> AdmissionPolicy | None:
+    """Return the tables' admission policy of ``[admission]`` (None when it sets neither
+    ``min_show`` nor ``probability``).
+
+    Raises:
+        ConfigError: a value out of range (the message names ``admission``).
+    """
+    a = cfg.admission
+    if a.min_show is None and a.probability is None:
+        return None
+    try:
+        return AdmissionPolicy(
+            min_show=None if a.min_show is None else float(a.min_show),
+            probability=None if a.probability is None else float(a.probability),
+            sketch_bytes=a.sketch_bytes,
+            read_unadmitted=a.read_unadmitted,
+        )
+    except ArgumentError as err:
+        raise ConfigError(f"{cfg.source}: admission: {err}") from None
 
 
 def make_optimizer(cfg: RunConfig, which: str) -> SparseOptimizer:

@@ -13,7 +13,7 @@ import torch
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import EmbeddingColumn, SequenceCategoryColumn
 from tnrec.layers.pooling import bag_scales, pool, sequence_positions
-from tnrec.table import EvictionPolicy, Initializer, SparseOptimizer
+from tnrec.table import AdmissionPolicy, EvictionPolicy, Initializer, SparseOptimizer
 
 OUTPUTS = ("list", "concat", "dict")
 
@@ -105,7 +105,10 @@ class EmbeddingFeatures(torch.nn.Module):
             (``[B, C*D]``; pooled columns only) or ``"dict"`` (by column key).
         initializer: the table's initializer (default ``normal(1.0)``).
         seed: the table's seed (part of every key's initial vector).
-        policy: the table's statistics decay and eviction policy.
+        policy: the table's statistics decay, eviction and row cap
+            (``tn.table.EvictionPolicy``).
+        admission: when a key gets a row (``tn.table.AdmissionPolicy``); None:
+            at its first training pull.
 
     Example:
         >>> import tnrec as tn
@@ -125,6 +128,7 @@ class EmbeddingFeatures(torch.nn.Module):
         initializer: Initializer | None = None,
         seed: int = 0,
         policy: EvictionPolicy | None = None,
+        admission: AdmissionPolicy | None = None,
     ) -> None:
         super().__init__()
         where = f'EmbeddingFeatures "{name}"' if name else "EmbeddingFeatures"
@@ -170,6 +174,7 @@ class EmbeddingFeatures(torch.nn.Module):
         self.initializer = initializer
         self.seed = seed
         self.policy = policy
+        self.admission = admission
         self._step: LayerStep | None = None
 
     @property

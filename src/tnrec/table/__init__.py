@@ -4,6 +4,8 @@ NumPy + numba only; no torch. See ``docs`` in :class:`SparseTable`.
 """
 
 from tnrec._hashing import NUM_BUCKETS, bucket_of, mix64
+from tnrec.table.admission import AdmissionPolicy
+from tnrec.table.capacity import MemoryBudget
 from tnrec.table.init import Initializer, normal, uniform, zeros
 from tnrec.table.optimizers import (
     OPTIMIZERS,
@@ -24,9 +26,11 @@ __all__ = [
     "SGD",
     "AdaGrad",
     "Adam",
+    "AdmissionPolicy",
     "EvictionPolicy",
     "Ftrl",
     "Initializer",
+    "MemoryBudget",
     "SparseOptimizer",
     "SparseTable",
     "TableStats",

@@ -300,6 +300,24 @@ def scatter_records(
 
 
 @nb.njit(nogil=True, cache=True)
+def scatter_column(
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    rows: np.ndarray,
+    start: int,
+    block: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Write ``block[n, w]`` into slots ``start .. start + w - 1`` of ``rows``."""
+    W = block.shape[1]
+    for i in range(rows.shape[0]):
+        c = row_f32(bases, rows[i], shift, lmask, stride)
+        for j in range(W):
+            c[start + j] = block[i, j]
+
+
+@nb.njit(nogil=True, cache=True)
 def create_rows(
     bases: np.ndarray,
     stride: int,

@@ -36,14 +36,16 @@ from tnrec import _fileio
 from tnrec._hashing import NUM_BUCKETS, bucket_of, mix64_scalar
 from tnrec.errors import ChecksumError, CheckpointError
 from tnrec.table.index import slot_key
-from tnrec.table.rows import row_f32
+from tnrec.table._llvm import _prefetch_r
+from tnrec.table.rows import prefetch_span, row_address, row_f32
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from tnrec.table.table import SparseTable
 
-CHUNK_BYTES = 64 << 20
+CHUNK_BYTES = 16 << 20
+_AHEAD = 16  # rows prefetched ahead while gathering
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,16 @@ def _gather_chunk(
     keys: np.ndarray,
     rec: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    for i in range(order.shape[0]):
+    """Copy the key and record of each slot in ``order``; slots ``2A`` and rows ``A``
+    positions ahead are prefetched (both are scattered over memory)."""
+    n = order.shape[0]
+    A = _AHEAD
+    for i in range(n):
+        if i + 2 * A < n:
+            _prefetch_r(slots.ctypes.data + np.int64(order[i + 2 * A]) * 12)
+        if i + A < n:
+            r = slots[order[i + A], 2]
+            prefetch_span(row_address(bases, r, shift, lmask, stride), stride * 4, False)
         s = order[i]
         keys[i] = slot_key(slots, s)
         c = row_f32(bases, slots[s, 2], shift, lmask, stride)
@@ -292,7 +303,7 @@ def read_rows(
         done = 0
         for lo, hi in spans:
             for a, b in _chunks(hi - lo, stride):
-                done += _read_chunk(table, readers, cols, lo + a, lo + b, stride, keep)
+                done += _read_chunk(table, readers, cols, lo + a, lo + b, keep)
         if hashing:
             fname = os.path.join(d, "table.json")
             for name, r in readers.items():
@@ -309,22 +320,20 @@ def _read_chunk(
     cols: list[Column],
     a: int,
     b: int,
-    stride: int,
     keep: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None,
 ) -> int:
+    """Read rows ``[a, b)`` column by column straight into the table's rows."""
     m = b - a
     keys = np.empty(m, np.int64)
     readers["keys"].read(a, b, keys)
-    rec = np.empty((m, stride), np.float32)
+    sel = keep(keys) if keep is not None else None
+    if sel is not None:
+        keys = keys[sel]
+    rws = table.rows_for(keys)
     for c in cols:
         part = np.empty((m, c.width), np.float32 if c.dtype == "f4" else np.int32)
         readers[c.name].read(a, b, part)
-        rec[:, c.start : c.start + c.width] = part.view(np.float32)
-    if keep is not None:
-        sel = keep(keys)
-        keys, rec = keys[sel], rec[sel]
-    if keys.shape[0]:
-        table.write_records(keys, rec)
+        table.write_column(rws, c.start, part[sel] if sel is not None else part)
     return int(keys.shape[0])
 
 

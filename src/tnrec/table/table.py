@@ -352,8 +352,9 @@ class SparseTable:
             return None
         return last[1]
 
-    def _insert(self, keys: Keys) -> npt.NDArray[np.int32]:
-        """Insert absent ``keys`` (unique, none present); initialise and return their rows."""
+    def _insert(self, keys: Keys, init: bool = True) -> npt.NDArray[np.int32]:
+        """Insert absent ``keys`` (unique, none present); return their rows, initialised
+        unless ``init`` is False (the caller writes every slot of them)."""
         n = keys.shape[0]
         out_rows = np.empty(n, dtype=np.int32)
         st = self._store
@@ -386,6 +387,8 @@ class SparseTable:
         out_rows[created] = -2 - out_rows[created]
         if not created.all():
             raise RuntimeError("internal error: _insert got keys that were already present")
+        if not init:
+            return out_rows
         opt = self.optimizer
         loc, seed, init = st.loc, self._table_seed, self.initializer
         kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
@@ -729,13 +732,27 @@ class SparseTable:
         k = self._check_keys(keys)
         if rec.dtype != np.float32 or rec.shape != (k.shape[0], self._store.stride):
             raise RuntimeError("internal error: write_records got a block of the wrong shape")
-        rws = np.empty(k.shape[0], dtype=np.int32)
-        index.lookup(self._slots, k, rws)
-        absent = np.flatnonzero(rws < 0)
-        if absent.shape[0]:
-            rws[absent] = self._insert(k[absent])
+        rws = self.rows_for(k)
         st = self._store
         rows.scatter_records(*st.loc, rws, np.ascontiguousarray(rec))
+
+    def rows_for(self, keys: Keys) -> npt.NDArray[np.int32]:
+        """Return the row of each of ``keys`` (unique int64), inserting absent ones with rows
+        left as they are: for loaders that write every slot of them next."""
+        rws = np.empty(keys.shape[0], dtype=np.int32)
+        index.lookup(self._slots, keys, rws)
+        absent = np.flatnonzero(rws < 0)
+        if absent.shape[0]:
+            rws[absent] = self._insert(keys[absent], init=False)
+        return rws
+
+    def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None:
+        """Write ``block[n, w]`` (4-byte values, any dtype) into slots ``start:start+w`` of
+        rows ``rws`` (from :meth:`rows_for`)."""
+        if block.dtype.itemsize != 4 or block.ndim != 2 or block.shape[0] != rws.shape[0]:
+            raise RuntimeError("internal error: write_column got a block of the wrong shape")
+        st = self._store
+        rows.scatter_column(*st.loc, rws, start, np.ascontiguousarray(block).view(np.float32))
 
     # ------------------------------------------------------------------ files
 
