@@ -26,9 +26,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from tnrec._hashing import bucket_of
 from tnrec.data.decode import to_batch
-from tnrec.errors import ArgumentError, CheckpointError, DataError
-from tnrec.export import GRAPH, MANIFEST, load_dictionary, read_manifest
+from tnrec.errors import ArgumentError, CheckpointError, DataError, TableKeyError
+from tnrec.export import GRAPH, MANIFEST, load_shard, read_manifest
+from tnrec.export.layout import shard_dir
+from tnrec.export.manifest import verify_files
 from tnrec.feature_column import (
     BucketizedColumn,
     Column,
@@ -51,12 +54,25 @@ class Predictor:
     the training layer's kernel, so predictions equal ``model.predict`` on the
     same rows (unknown keys read as zeros and count in mean/sqrtn denominators).
 
+    Each table's dictionary is read shard by shard (memory-mapped; an export of
+    version 1 or 2 is one shard) and each key is looked up in its shard,
+    ``bucket_of(key) % num_shards``, so a sharded export predicts exactly as
+    the same model exported in one process. ``shards`` loads only some shards
+    (e.g. a server for shards ``[0, 1]`` of 4): a key of a shard not loaded is
+    never read as zeros -- :meth:`predict` and :meth:`lookup` raise a
+    :class:`~tnrec.errors.TableKeyError` naming the table, the key and its
+    shard, so a partly loaded Predictor cannot predict silently wrong values.
+
     Args:
         path: the export directory.
-        verify: check every file's sha256 when loading (the manifest's own
-            checksum and the dictionaries' shapes and order are always checked).
+        verify: check the sha256 of every file it reads when loading (the
+            manifest's own checksum and the dictionaries' shapes, order and
+            shards are always checked).
+        shards: the indices of the shards to load (distinct ints in ``[0, W)``),
+            or None for all of them.
 
     Raises:
+        ArgumentError: ``shards`` is not a non-empty list of distinct shard indices.
         CheckpointError: no export at ``path``, or a file of it is missing,
             damaged or does not match the manifest (names the file).
         ChecksumError: a file does not match its sha256.
@@ -75,16 +91,27 @@ class Predictor:
         array([0.5, 0.5], dtype=float32)
     """
 
-    def __init__(self, path: str | os.PathLike[str], verify: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        verify: bool = True,
+        shards: Sequence[int] | None = None,
+    ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise ArgumentError(f"Predictor: `path` must be a directory. Received: {path!r}.")
         self.path = os.path.abspath(os.fspath(path))
-        self.manifest = read_manifest(self.path, verify=verify)
+        self.manifest = read_manifest(self.path, verify=False)
+        self.num_shards: int = self.manifest["routing"]["num_shards"]
+        self.shards: tuple[int, ...] = _check_shards(shards, self.num_shards, self.path)
+        if verify:
+            verify_files(self.path, self.manifest, self._files_to_read())
         self.columns: list[Column] = from_spec(self.manifest["feature_spec"])
         self.inputs = self.manifest["inputs"]
         self.heads = self.manifest["heads"]
+        # {table: {shard: (keys int64[n_r], weights float32[n_r, D])}}, memory-mapped
         self.dictionaries = {
-            t: load_dictionary(self.path, t, self.manifest) for t in self.manifest["tables"]
+            t: {r: load_shard(self.path, t, r, self.manifest) for r in self.shards}
+            for t in self.manifest["tables"]
         }
         self.graph = _load_graph(os.path.join(self.path, GRAPH))
         self.required = [c.key for c in self.columns]
@@ -172,15 +199,69 @@ class Predictor:
 
     # ------------------------------------------------------------ the network
 
+    def _files_to_read(self) -> list[str]:
+        """Every file of the manifest but the shards this Predictor does not load."""
+        version, W = self.manifest["format_version"], self.num_shards
+        skipped = tuple(
+            shard_dir(t, r, W, version) + "/"
+            for t in self.manifest["tables"]
+            for r in range(W)
+            if r not in self.shards
+        )
+        files = list(self.manifest["files"])
+        return [rel for rel in files if not rel.startswith(skipped)] if skipped else files
+
+    def lookup(self, table: str, keys: Any) -> np.ndarray:
+        """Return the rows of ``keys`` in ``table``'s dictionary (``float32[N, D]``).
+
+        A key not in the dictionary (never trained, pruned by ``min_show`` or
+        evicted) reads as zeros.
+
+        Args:
+            table: the table's name.
+            keys: ``int64[N]`` hashed keys.
+
+        Raises:
+            ArgumentError: the export has no table ``table`` or ``keys`` is not int64[N].
+            TableKeyError: a key belongs to a shard this Predictor did not load.
+        """
+        if table not in self.dictionaries:
+            raise ArgumentError(
+                f"Predictor.lookup: export {self.path} has no table {table!r}; it has "
+                f"{sorted(self.dictionaries)}."
+            )
+        arr = np.asarray(keys)
+        if arr.dtype != np.int64 or arr.ndim != 1:
+            raise ArgumentError(
+                "Predictor.lookup: `keys` must be int64[N]. "
+                f"Received: {arr.dtype}{list(arr.shape)}."
+            )
+        return self._lookup(table, np.ascontiguousarray(arr))
+
     def _lookup(self, table: str, keys: np.ndarray) -> np.ndarray:
-        dict_keys, weights = self.dictionaries[table]
-        out = np.zeros((keys.shape[0], weights.shape[1]), np.float32)  # [N, D]
-        if dict_keys.shape[0] == 0 or keys.shape[0] == 0:
+        shards = self.dictionaries[table]
+        W = self.num_shards
+        out = np.zeros((keys.shape[0], self.manifest["tables"][table]["dim"]), np.float32)  # [N, D]
+        if keys.shape[0] == 0:
             return out
-        pos = np.searchsorted(dict_keys, keys)
-        pos_c = np.minimum(pos, dict_keys.shape[0] - 1)
-        hit = dict_keys[pos_c] == keys
-        out[hit] = weights[pos_c[hit]]
+        if W == 1:  # one shard, always loaded
+            _rows_into(out, slice(None), keys, *shards[0])
+            return out
+        owner = bucket_of(keys) % W  # [N] the shard of each key
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(W + 1))  # [W + 1]
+        for r in range(W):
+            at = order[bounds[r] : bounds[r + 1]]
+            if at.shape[0] == 0:
+                continue
+            if r not in shards:
+                raise TableKeyError(
+                    f'Predictor: table "{table}": key {int(keys[at[0]])} (and {at.shape[0] - 1} '
+                    f"more) is in shard {r} of {W}, which this Predictor did not load "
+                    f"(shards={list(self.shards)}); load that shard or send the row to a "
+                    "Predictor that has it."
+                )
+            _rows_into(out, at, keys[at], *shards[r])
         return out
 
     def _empty(self) -> Any:
@@ -206,6 +287,8 @@ class Predictor:
                 message names the row, the column and what was expected.
             CheckpointError: the dense graph fails on the inputs the manifest
                 describes (the export is inconsistent).
+            TableKeyError: a key of the rows belongs to a shard this Predictor
+                did not load (``shards``).
         """
         batch = self._batch(rows)
         B = batch.size
@@ -290,6 +373,40 @@ def _load_graph(fname: str) -> Any:
         raise CheckpointError(
             f"Export file {fname} is damaged (torch.export.load fails: {e}); write the export anew."
         ) from None
+
+
+def _check_shards(shards: Any, num_shards: int, path: str) -> tuple[int, ...]:
+    """The shard indices to load, sorted: all of them for None."""
+    if shards is None:
+        return tuple(range(num_shards))
+    ok = (
+        isinstance(shards, Sequence)
+        and not isinstance(shards, (str, bytes))
+        and len(shards) > 0
+        and all(isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in shards)
+        and all(0 <= int(r) < num_shards for r in shards)
+        and len({int(r) for r in shards}) == len(shards)
+    )
+    if not ok:
+        raise ArgumentError(
+            f"Predictor: `shards` must be a non-empty list of distinct shard indices in "
+            f"[0, {num_shards}) (export {path} has {num_shards} shard(s)). Received: {shards!r}."
+        )
+    return tuple(sorted(int(r) for r in shards))
+
+
+def _rows_into(
+    out: np.ndarray, at: Any, keys: np.ndarray, dict_keys: np.ndarray, weights: np.ndarray
+) -> None:
+    """``out[at] = `` the rows of ``keys`` in one shard (a key not there stays zeros)."""
+    if dict_keys.shape[0] == 0:
+        return
+    pos = np.searchsorted(dict_keys, keys)
+    pos_c = np.minimum(pos, dict_keys.shape[0] - 1)
+    hit = dict_keys[pos_c] == keys
+    rows = np.zeros((keys.shape[0], out.shape[1]), np.float32)  # [n, D]
+    rows[hit] = weights[pos_c[hit]]
+    out[at] = rows
 
 
 # ---------------------------------------------------------------- naming a bad value

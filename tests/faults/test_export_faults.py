@@ -27,7 +27,8 @@ from tnrec.errors import TnrecError  # noqa: E402
 from tnrec.serving import Predictor  # noqa: E402
 
 SEED = 20240512
-FILES = ["manifest.json", "embeddings/emb/keys.npy", "embeddings/emb/weights.npy", "dense.pt2"]
+SHARD = "embeddings/emb/shard-00000-of-00001"
+FILES = ["manifest.json", f"{SHARD}/keys.npy", f"{SHARD}/weights.npy", "dense.pt2"]
 SWAPS = list(itertools.combinations(FILES, 2))
 FLIPS, TRUNCATIONS = 40, 12  # per file: about 300 cases in the default run
 SLOW_FLIPS, SLOW_TRUNCATIONS = 600, 150

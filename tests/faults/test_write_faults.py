@@ -156,11 +156,12 @@ def test_a_failed_save_names_the_path_and_keeps_the_previous_checkpoint(
 
 # ---------------------------------------------------------------- exports
 
+SHARD = "shard-00000-of-00001"  # a single process writes one shard of each table
 EXPORT_POINTS = [
-    pytest.param(lambda d: "/embeddings/emb/keys.npy", id="emb-keys.npy"),
-    pytest.param(lambda d: "/embeddings/emb/weights.npy", id="emb-weights.npy"),
-    pytest.param(lambda d: "/embeddings/wide/keys.npy", id="wide-keys.npy"),
-    pytest.param(lambda d: "/embeddings/wide/weights.npy", id="wide-weights.npy"),
+    pytest.param(lambda d: f"/embeddings/emb/{SHARD}/keys.npy", id="emb-keys.npy"),
+    pytest.param(lambda d: f"/embeddings/emb/{SHARD}/weights.npy", id="emb-weights.npy"),
+    pytest.param(lambda d: f"/embeddings/wide/{SHARD}/keys.npy", id="wide-keys.npy"),
+    pytest.param(lambda d: f"/embeddings/wide/{SHARD}/weights.npy", id="wide-weights.npy"),
     pytest.param(lambda d: "/dense.pt2", id="dense.pt2"),
     pytest.param(lambda d: "/manifest.json", id="manifest.json"),
     pytest.param(lambda d: d, id="rename-into-place"),  # the staged directory's rename

@@ -12,13 +12,15 @@
     tnrec inspect runs/deepfm/model[/DT] [--table T --key K] [--json]
     tnrec checkpoint publish runs/deepfm/model/DT/GEN   # restore a lost _checkpoint, roll back
     torchrun --nproc-per-node 2 -m tnrec.cli train --config run.toml
+    torchrun --nproc-per-node 2 -m tnrec.cli export --model-dir runs/deepfm/model --out export/
 
 The model dir is a checkpoint root (:mod:`tnrec.checkpoint`) plus ``model.json``
 (:mod:`tnrec.cli.artifacts`), from which the zoo model is rebuilt. The run
 configuration (TOML) is described in :mod:`tnrec.cli.config`; every error
-names the key and the file. ``train``, ``evaluate`` and ``predict`` run on
-every worker a launcher starts (``torchrun``); only rank 0 prints and writes
-shared files.
+names the key and the file. ``train``, ``evaluate``, ``predict`` and
+``export`` run on every worker a launcher starts (``torchrun``); only rank 0
+prints and writes shared files (``export``: each worker writes its own
+dictionary shards).
 
 Every JSON the command prints or appends to the run log is strict JSON: a
 non-finite number (an AUC of data with one label is NaN) is written as

@@ -113,7 +113,8 @@ def _run(args: argparse.Namespace) -> None:
             onnx=args.onnx,
             allow_incomplete=args.allow_incomplete,
         )
-        print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
+        if current_or_new_strategy().rank == 0:
+            print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
     elif args.command == "inspect":
         print(inspect(args.path, args.table, args.key, args.json))
     elif args.command == "checkpoint":

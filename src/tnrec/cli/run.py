@@ -27,7 +27,6 @@ from tnrec.cli.config import (
 from tnrec.cli.inputs import make_reader
 from tnrec.cli.inspection import no_checkpoint_message
 from tnrec.data import Reader
-from tnrec.distribute import launch_env
 from tnrec.errors import ArgumentError, CheckpointError, DataError
 from tnrec.models import ZooModel
 
@@ -254,6 +253,17 @@ def _check_new_dir(path: str, flag: str) -> None:
         raise ArgumentError(f"{flag} {problem}.")
 
 
+def _export_strategy(root: str) -> None:
+    """Join the workers the launcher started (a single process is one worker), with the
+    trained run's collective timeout when its config is there."""
+    doc = read_model_json(root)
+    timeout_s = None
+    if doc.get("config"):
+        cfg = config_from_dict(doc["config"], os.path.join(root, MODEL_FILE))
+        timeout_s = cfg.distributed.timeout_s
+    current_or_new_strategy(timeout_s)
+
+
 def export(
     model_dir: str,
     out: str,
@@ -268,25 +278,28 @@ def export(
 ) -> str:
     """Write the inference export of a checkpoint (or a delta between two days) to ``out``.
 
-    Runs in one process, whatever number of workers wrote the checkpoint: the
-    zoo model is rebuilt from ``model.json``, loaded with ``load_weights`` and
-    exported with :func:`tnrec.export.export`, whose manifest records the
-    checkpoint's provenance (model dir, day, generation, global step,
-    complete). With ``delta``, the rows updated and keys deleted between the
-    last checkpoints of days ``since`` and ``to``
-    (:func:`tnrec.export.export_delta`). A checkpoint whose manifest marks its
-    day incomplete (a mid-day save) is refused unless ``allow_incomplete``.
+    Runs in one process or on every worker ``torchrun`` starts, whatever
+    number of workers wrote the checkpoint: the zoo model is rebuilt from
+    ``model.json`` (sharded over the workers), each worker loads the buckets
+    it owns with ``load_weights`` and writes their dictionary shards
+    (:func:`tnrec.export.export`), and rank 0 the dense graph and the
+    manifest, which records the checkpoint's provenance (model dir, day,
+    generation, global step, complete). With ``delta``, the rows updated and
+    keys deleted between the last checkpoints of days ``since`` and ``to``
+    (:func:`tnrec.export.export_delta`, also one shard per worker). A
+    checkpoint whose manifest marks its day incomplete (a mid-day save) is
+    refused unless ``allow_incomplete``. ``out`` must be on a file system
+    every worker sees.
 
     Raises:
-        ArgumentError: run under several workers, options that do not go
-            together, ``min_show`` not a finite number >= 0, ``out`` exists or
-            cannot be created, or an incomplete day without ``allow_incomplete``.
+        ArgumentError: options that do not go together, ``min_show`` not a
+            finite number >= 0, ``out`` exists or cannot be created, or an
+            incomplete day without ``allow_incomplete``.
         CheckpointError: no checkpoint (of the day) in ``model_dir``.
+        WriteError: a file cannot be written on some worker; nothing is left at ``out``.
     """
     from tnrec import export as export_lib
 
-    if launch_env().world_size > 1:
-        raise ArgumentError("tnrec export runs in one process; launch it without torchrun.")
     if min_show is not None:
         check_number("--min-show", min_show)
     if not delta and (since is not None or to is not None):
@@ -302,6 +315,7 @@ def export(
         if path is None:
             raise CheckpointError(no_checkpoint_message(root, dt))
         manifest = _checked_manifest(path, allow_incomplete)
+        _export_strategy(root)
         model, _ = load_model(root, dt)
         return export_lib.export(
             model,
@@ -318,4 +332,5 @@ def export(
             raise CheckpointError(no_checkpoint_message(root, day))
         _checked_manifest(path, allow_incomplete)
         dirs.append(path)
+    _export_strategy(root)
     return export_lib.export_delta(dirs[0], dirs[1], out, min_show=min_show)

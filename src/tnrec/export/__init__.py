@@ -1,11 +1,14 @@
-"""Inference export: embedding dictionaries, the dense graph, the feature spec.
+"""Inference export: embedding dictionaries in shards, the dense graph, the feature spec.
 
 TensorNet's split: only the first layer is special. An export holds::
 
     path/
       manifest.json                  what the export is (fields below), sha256 of every file
-      embeddings/<table>/keys.npy    int64[n], strictly increasing (np.load(mmap_mode="r"))
-      embeddings/<table>/weights.npy float32[n, D]
+      embeddings/<table>/shard-<r>-of-<W>/keys.npy
+                                     int64[n_r], strictly increasing: the keys of shard r
+                                     (np.load(mmap_mode="r")); r and W in five digits
+      embeddings/<table>/shard-<r>-of-<W>/weights.npy
+                                     float32[n_r, D], row i the vector of keys[i]
       dense.pt2                      the model's forward_dense as a torch.export program
                                      (batch dimension dynamic), taking the pooled embeddings
                                      (flat, in manifest order) and the dense features;
@@ -13,7 +16,18 @@ TensorNet's split: only the first layer is special. An export holds::
                                      alone
       dense.onnx                     the same network as ONNX (only with ``onnx=True``)
 
-``manifest.json`` (``format`` ``"tnrec.export"``, ``format_version`` 2) is
+Every table is split into the same W shards, W the number of workers that
+wrote the export (1 in one process: ``shard-00000-of-00001``). Shard ``r``
+holds exactly the keys with ``bucket_of(key) % W == r``
+(:func:`tnrec._hashing.bucket_of`, 1024 buckets): the buckets worker ``r``
+owns in training, so under a :class:`~tnrec.distribute.PsStrategy` each
+worker writes its own shards in parallel (``model.export`` and ``tnrec
+export`` under ``torchrun``; from a checkpoint written by any number of
+workers, each reads only the parts and buckets it owns), and rank 0 writes
+the dense graph and the manifest after every shard is written and fsynced
+(:mod:`~tnrec.export.workers`). No process holds more than its own shard.
+
+``manifest.json`` (``format`` ``"tnrec.export"``, ``format_version`` 3) is
 written by :func:`tnrec._fileio.write_json`. Its fields:
 
 * ``checksum``: ``"sha256:<hex>"`` of the canonical JSON of every other field.
@@ -28,8 +42,11 @@ written by :func:`tnrec._fileio.write_json`. Its fields:
   ``num_dense``: the number of numeric columns (the graph's last argument, ``[B, F]``);
 * ``heads``: ``[{name, prediction}]`` in the graph's output order (``prediction``
   is ``"identity"`` or ``"sigmoid"``, applied to the graph's output);
-* ``tables``: ``{table: {dim, count}}``, the shape of each dictionary;
-* ``files``: ``{relative path: sha256}`` of every other file;
+* ``routing``: ``{rule, num_buckets, num_shards}``: ``rule`` is
+  ``"bucket_of(key) % num_shards"``, ``num_buckets`` 1024, ``num_shards`` W;
+* ``tables``: ``{table: {dim, count, shards}}``, the shape of each dictionary
+  and ``shards``, ``[{count}]`` per shard in shard order (summing to ``count``);
+* ``files``: ``{relative path: sha256}`` of every other file, every shard's included;
 * ``onnx``: ``{file, inputs, outputs}`` or null;
 * ``provenance``: ``{model_dir, dt, generation, global_step, complete}``, the
   checkpoint the export was made from. For a model exported from memory,
@@ -37,32 +54,53 @@ written by :func:`tnrec._fileio.write_json`. Its fields:
   ``dt`` argument and ``global_step`` the model's.
 
 :func:`read_manifest` checks every field the readers use, naming the file and
-the field, and, with ``verify``, every file's sha256. Version-1 exports (no
-``checksum``, no ``provenance``) still load: their fields are checked the same
-way but a changed value cannot be detected.
+the field, and, with ``verify``, every file's sha256. Older exports still
+load and read as one shard: version 2 (``embeddings/<table>/keys.npy`` and
+``weights.npy``, no ``routing``) and version 1 (no ``checksum``, no
+``provenance``: its fields are checked the same way but a changed value
+cannot be detected). A shard's keys are checked to be strictly increasing
+and all of that shard when it is loaded (:func:`load_shard`).
 
 A key not in a dictionary reads as zeros, exactly like a ``create=False``
 pull; ``min_show`` prunes rows whose show count is below it (they then read
-as zeros too). :class:`tnrec.serving.Predictor` runs an export from raw rows.
+as zeros too). :class:`tnrec.serving.Predictor` runs an export from raw rows,
+routing each key to its shard; it can load only some shards (``shards=``).
 
 A delta export (:func:`export_delta`) holds the rows updated between two
-checkpoints (by the tables' update markers) and the keys deleted
-(``embeddings/<table>/deleted.npy``, int64, strictly increasing). Its manifest
-(``format`` ``"tnrec.export.delta"``, version 2, checksummed) records ``since``
-and ``to`` (the checkpoints' ``<dt>/<generation>`` labels),
-``since_generation`` and ``to_generation``, ``min_show``, ``tables``
-(``{table: {dim, updated, deleted}}``) and ``files``. :func:`apply_delta`
-applied to the full export of the first gives the full export of the second.
+checkpoints (by the tables' update markers) and the keys deleted, in the same
+shards: ``embeddings/<table>/shard-<r>-of-<W>/{keys,weights,deleted}.npy``
+(``deleted.npy`` int64, strictly increasing). Worker r computes shard r from
+its own buckets of both checkpoints. Its manifest (``format``
+``"tnrec.export.delta"``, version 3, checksummed) records ``since`` and
+``to`` (the checkpoints' ``<dt>/<generation>`` labels), ``since_generation``
+and ``to_generation``, ``min_show``, ``routing``, ``tables`` (``{table: {dim,
+updated, deleted, shards: [{updated, deleted}]}}``) and ``files``.
+:func:`apply_delta` applied to the full export of the first (whole, or one
+shard at a time) gives the full export of the second.
 
-Writes go to a hidden sibling directory that is renamed to ``path`` only when
-every file is written, so a failed export (disk full) leaves nothing at ``path``.
+Writes go to a hidden sibling directory that rank 0 renames to ``path`` only
+when every worker's files are written, so a failed export (disk full, on any
+worker) leaves nothing at ``path``.
 
-The package: :mod:`~tnrec.export.writer` (writing full and delta exports),
-:mod:`~tnrec.export.graph` (the dense graph) and :mod:`~tnrec.export.manifest`
-(the manifest's format and schema, and the dictionaries it lists).
+The package: :mod:`~tnrec.export.writer` (writing a full export),
+:mod:`~tnrec.export.delta` (delta exports), :mod:`~tnrec.export.workers`
+(the steps every worker takes), :mod:`~tnrec.export.rows` (a checkpoint's
+rows of one worker's buckets), :mod:`~tnrec.export.graph` (the dense graph),
+:mod:`~tnrec.export.layout` (where shards live, which shard a key is in),
+:mod:`~tnrec.export.manifest` (the manifest's format and schema) and
+:mod:`~tnrec.export.dictionary` (reading and checking the shards).
 """
 
+from tnrec.export.delta import apply_delta, export_delta
+from tnrec.export.dictionary import (
+    check_keys,
+    check_routing,
+    check_weights,
+    load_dictionary,
+    load_shard,
+)
 from tnrec.export.graph import DenseGraph, example_args, export_dense, export_onnx, layer_inputs
+from tnrec.export.layout import shard_of
 from tnrec.export.manifest import (
     DELTA_FORMAT,
     FORMAT,
@@ -70,14 +108,13 @@ from tnrec.export.manifest import (
     GRAPH,
     LEGACY_VERSION,
     MANIFEST,
+    OLDER_VERSIONS,
     ONNX_GRAPH,
     PROVENANCE,
-    check_keys,
-    check_weights,
-    load_dictionary,
     read_manifest,
 )
-from tnrec.export.writer import apply_delta, checkpoint_rows, export, export_delta
+from tnrec.export.rows import checkpoint_rows
+from tnrec.export.writer import export
 
 __all__ = [
     "DELTA_FORMAT",
@@ -86,11 +123,13 @@ __all__ = [
     "GRAPH",
     "LEGACY_VERSION",
     "MANIFEST",
+    "OLDER_VERSIONS",
     "ONNX_GRAPH",
     "PROVENANCE",
     "DenseGraph",
     "apply_delta",
     "check_keys",
+    "check_routing",
     "check_weights",
     "checkpoint_rows",
     "example_args",
@@ -100,5 +139,7 @@ __all__ = [
     "export_onnx",
     "layer_inputs",
     "load_dictionary",
+    "load_shard",
     "read_manifest",
+    "shard_of",
 ]

@@ -1,21 +1,26 @@
-"""The export manifest: its format, its schema (checked in one place), the dictionaries it lists."""
+"""The export manifest: its format and its schema, checked in one place."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from tnrec._fileio import (
     check_file,
     field,
     read_versioned_json,
 )
-from tnrec.errors import ArgumentError, CheckpointError, SpecError
+from tnrec._hashing import NUM_BUCKETS
+from tnrec.errors import CheckpointError, SpecError
+from tnrec.export.layout import (
+    DELTA_FILES,
+    ROUTING_RULE,
+    SHARDED_VERSION,
+    routing_doc,
+    shard_files,
+)
 from tnrec.feature_column import (
     NumericColumn,
     SequenceCategoryColumn,
@@ -29,7 +34,8 @@ if TYPE_CHECKING:
 
 FORMAT = "tnrec.export"
 DELTA_FORMAT = "tnrec.export.delta"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # sharded dictionaries (tnrec.export.layout)
+OLDER_VERSIONS = (2,)  # one dictionary per table; still read
 LEGACY_VERSION = 1  # no checksum, no provenance; still read
 MANIFEST = "manifest.json"
 GRAPH = "dense.pt2"
@@ -108,6 +114,62 @@ def _check_common(doc: dict[str, Any], where: str) -> None:
         raise _bad(where, "min_show", "a finite number or null", min_show)
 
 
+def _version(doc: dict[str, Any]) -> int:
+    """The manifest's ``format_version`` (already checked to be one this tnrec reads)."""
+    version = doc.get("format_version")
+    return version if type(version) is int else FORMAT_VERSION
+
+
+def _sharded(doc: dict[str, Any]) -> bool:
+    return _version(doc) >= SHARDED_VERSION
+
+
+def _num_shards(doc: dict[str, Any], where: str) -> int:
+    """The number of shards W of every table: ``routing.num_shards`` (version 3), else 1."""
+    if not _sharded(doc):
+        return 1
+    routing = field(doc, "routing", dict, where)
+    w = f"{where}: routing"
+    rule = field(routing, "rule", str, w)
+    if rule != ROUTING_RULE:
+        raise _bad(w, "rule", repr(ROUTING_RULE), rule)
+    buckets = field(routing, "num_buckets", int, w)
+    if buckets != NUM_BUCKETS:
+        raise _bad(w, "num_buckets", str(NUM_BUCKETS), buckets)
+    return _count(routing, "num_shards", w, 1)
+
+
+def _check_shards(
+    doc: dict[str, Any], t: dict[str, Any], where: str, num_shards: int, counts: tuple[str, ...]
+) -> None:
+    """A table's ``shards`` (version 3): one object per shard holding ``counts``, which sum to
+    the table's own."""
+    if not _sharded(doc):
+        return
+    shards = field(t, "shards", list, where)
+    if len(shards) != num_shards:
+        raise _bad(where, "shards", f"a list of {num_shards} objects (routing.num_shards)", shards)
+    for i, s in enumerate(shards):
+        w = f"{where}: shards[{i}]"
+        if not isinstance(s, dict):
+            raise CheckpointError(f"{w} must be a JSON object. Received: {s!r}.")
+        for name in counts:
+            _count(s, name, w)
+    for name in counts:
+        total = sum(s[name] for s in shards)
+        if total != t[name]:
+            raise _bad(where, name, f"{total} (the sum over its shards)", t[name])
+
+
+def _unsharded_as_one_shard(manifest: dict[str, Any], counts: tuple[str, ...]) -> None:
+    """Give a version-1 or -2 manifest the fields of one shard, so readers treat both alike."""
+    if _sharded(manifest):
+        return
+    manifest["routing"] = routing_doc(1)
+    for t in manifest["tables"].values():
+        t["shards"] = [{name: t[name] for name in counts}]
+
+
 def check_full_manifest(doc: dict[str, Any], where: str) -> None:
     """Check every field of a full export's manifest that a reader uses, and their agreement."""
     _check_common(doc, where)
@@ -124,8 +186,10 @@ def check_full_manifest(doc: dict[str, Any], where: str) -> None:
             where, "num_dense", f"{numeric} (the numeric columns of feature_spec)", num_dense
         )
     tables = field(doc, "tables", dict, where)
+    num_shards = _num_shards(doc, where)
     for _, t, w in _table_entries(tables, where):
         _count(t, "dim", w, 1), _count(t, "count", w)
+        _check_shards(doc, t, w, num_shards, ("count",))
     inputs = field(doc, "inputs", list, where)
     for i, spec_i in enumerate(inputs):
         _check_input(spec_i, f"{where}: inputs[{i}]", tables, by_key)
@@ -142,9 +206,8 @@ def check_full_manifest(doc: dict[str, Any], where: str) -> None:
     if len({h["name"] for h in heads}) != len(heads):
         raise _bad(where, "heads", "heads with distinct names", heads)
     onnx = _optional(doc, "onnx", dict, where)
-    required = [GRAPH] + [
-        f"embeddings/{t}/{f}" for t in tables for f in ("keys.npy", "weights.npy")
-    ]
+    version = _version(doc)
+    required = [GRAPH] + [f for t in tables for f in shard_files(t, num_shards, version)]
     if onnx is not None:
         required.append(field(onnx, "file", str, f"{where}: onnx"))
         (
@@ -188,12 +251,15 @@ def _check_delta(doc: dict[str, Any], where: str) -> None:
     if not legacy:
         _count(doc, "since_generation", where), _count(doc, "to_generation", where)
     tables = field(doc, "tables", dict, where)
+    num_shards = _num_shards(doc, where)
     for _, t, w in _table_entries(tables, where):
         _count(t, "updated", w), _count(t, "deleted", w)
         if not legacy:
             _count(t, "dim", w, 1)
-    names = ("keys.npy", "weights.npy", "deleted.npy")
-    _check_files(doc, where, [f"embeddings/{t}/{f}" for t in tables for f in names])
+        _check_shards(doc, t, w, num_shards, ("updated", "deleted"))
+    version = _version(doc)
+    required = [f for t in tables for f in shard_files(t, num_shards, version, DELTA_FILES)]
+    _check_files(doc, where, required)
 
 
 def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str, Any]:
@@ -205,7 +271,9 @@ def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str
         verify: check the sha256 of every file the manifest lists.
 
     Returns:
-        The manifest without its checksum (``provenance`` is None for a version-1 export).
+        The manifest without its checksum (``provenance`` is None for a version-1
+        export). A version-1 or -2 export, whose tables are not sharded, reads as one
+        shard: ``routing`` of ``num_shards`` 1 and each table's ``shards`` added.
 
     Raises:
         CheckpointError: no export at ``path``, or a field is missing or invalid
@@ -227,7 +295,9 @@ def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str
         version = d.get("format_version")
         return type(version) is int and version == LEGACY_VERSION and "checksum" not in d
 
-    manifest = read_versioned_json(fname, fmt, FORMAT_VERSION, what=what, legacy=legacy)
+    manifest = read_versioned_json(
+        fname, fmt, FORMAT_VERSION, what=what, legacy=legacy, older=OLDER_VERSIONS
+    )
     if manifest.get("format") != fmt:
         raise CheckpointError(
             f"The {what} {fname} is not a {fmt} document (format {manifest.get('format')!r})."
@@ -235,108 +305,25 @@ def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str
     (check_full_manifest if fmt == FORMAT else _check_delta)(manifest, f"{what} {fname}")
     if fmt == FORMAT:
         manifest.setdefault("provenance", None)
+    _unsharded_as_one_shard(manifest, ("count",) if fmt == FORMAT else ("updated", "deleted"))
     if verify:
-        for rel, digest in manifest["files"].items():
-            check_file(os.path.join(path, rel), digest, "Export", fname)
+        verify_files(path, manifest)
     return manifest
 
 
-# ---------------------------------------------------------------- dictionaries
-
-
-def load_npy(fname: str, mmap: bool = True) -> np.ndarray:
-    if not os.path.isfile(fname):
-        raise CheckpointError(f"Export file {fname} is missing.")
-    try:
-        arr = np.load(fname, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except Exception as e:  # numpy raises many types on a damaged header; name the file
-        raise CheckpointError(
-            f"Export file {fname} is damaged (not a readable .npy array: {e}); "
-            "write the export anew."
-        ) from None
-    if not isinstance(arr, np.ndarray):  # np.load opens any zip archive as an .npz
-        with contextlib.suppress(Exception):
-            arr.close()
-        raise CheckpointError(
-            f"Export file {fname} is damaged (a zip archive, not an .npy array); "
-            "write the export anew."
-        )
-    return arr
-
-
-_CHUNK = 1 << 22  # compare keys in blocks: bounded memory on a memory-mapped file
-
-
-def check_keys(keys: np.ndarray, count: int | None, fname: str) -> None:
-    """Check that ``keys`` is int64[count], strictly increasing (sorted, no repeats).
-
-    Raises:
-        CheckpointError: names ``fname``, what was expected and what it holds.
-    """
-    if keys.dtype != np.dtype(np.int64) or keys.ndim != 1:
-        raise CheckpointError(
-            f"Export file {fname}: keys must be int64[n]. Received: {keys.dtype}{list(keys.shape)}."
-        )
-    if count is not None and keys.shape[0] != count:
-        raise CheckpointError(
-            f"Export file {fname} holds {keys.shape[0]} keys; {MANIFEST} says {count}."
-        )
-    for lo in range(0, max(keys.shape[0] - 1, 0), _CHUNK):
-        block = np.asarray(keys[lo : lo + _CHUNK + 1])
-        up = block[1:] > block[:-1]
-        if not up.all():
-            at = lo + int(np.argmin(up)) + 1
-            raise CheckpointError(
-                f"Export file {fname}: keys must be strictly increasing (sorted, unique); "
-                f"position {at} holds {int(keys[at])} after {int(keys[at - 1])}."
-            )
-
-
-def check_weights(weights: np.ndarray, n: int, dim: int | None, fname: str) -> None:
-    """Check that ``weights`` is float32[n, dim].
-
-    Raises:
-        CheckpointError: names ``fname``, what was expected and what it holds.
-    """
-    want_dim = "D" if dim is None else dim
-    if (
-        weights.dtype != np.dtype(np.float32)
-        or weights.ndim != 2
-        or weights.shape[0] != n
-        or (dim is not None and weights.shape[1] != dim)
-    ):
-        raise CheckpointError(
-            f"Export file {fname}: weights must be float32[{n}, {want_dim}] (the manifest and "
-            f"keys.npy). Received: {weights.dtype}{list(weights.shape)}."
-        )
-
-
-def load_dictionary(
-    path: str, table: str, manifest: dict[str, Any] | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(keys, weights)`` of one table of an export, memory-mapped and checked.
+def verify_files(path: str, manifest: dict[str, Any], rels: Iterable[str] | None = None) -> None:
+    """Check the sha256 of files the manifest lists (``rels``; by default all of them).
 
     Args:
         path: the export directory.
-        table: the table's name.
-        manifest: the export's manifest, if already read (read without file hashes otherwise).
+        manifest: its manifest, as :func:`read_manifest` returns it.
+        rels: relative paths of listed files.
 
     Raises:
-        ArgumentError: the export has no table ``table``.
-        CheckpointError: a file is missing or damaged, or the keys are not int64,
-            strictly increasing, or the weights not float32 ``[n, dim]`` as the
-            manifest records.
+        CheckpointError: a file is missing or unreadable (names it).
+        ChecksumError: a file does not match the manifest (names it).
     """
-    if manifest is None:
-        manifest = read_manifest(path, verify=False)
-    if table not in manifest["tables"]:
-        raise ArgumentError(
-            f"Export {path} has no table {table!r}; it has {sorted(manifest['tables'])}."
-        )
-    doc = manifest["tables"][table]
-    d = os.path.join(path, "embeddings", table)
-    kname, wname = os.path.join(d, "keys.npy"), os.path.join(d, "weights.npy")
-    keys, weights = load_npy(kname), load_npy(wname)
-    check_keys(keys, doc["count"], kname)
-    check_weights(weights, keys.shape[0], doc["dim"], wname)
-    return keys, weights
+    fname = os.path.join(path, MANIFEST)
+    files = manifest["files"]
+    for rel in files if rels is None else rels:
+        check_file(os.path.join(path, rel), files[rel], "Export", fname)

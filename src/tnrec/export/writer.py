@@ -1,31 +1,30 @@
-"""Writing an export: the full export of a model, delta exports between checkpoints."""
+"""Writing the full inference export of a model: every worker writes its own dictionary shards.
+
+Under a :class:`~tnrec.distribute.PsStrategy` of W workers each worker's
+``model.tables`` hold the keys of its buckets (``bucket_of(key) % W == rank``),
+which are exactly the keys of shard ``rank`` of W
+(:mod:`tnrec.export.layout`): every worker writes that shard of every table,
+and rank 0 the dense graph and the manifest (:mod:`tnrec.export.workers`).
+In one process the same code writes shard 0 of 1.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import io
+import json
 import os
-import shutil
-import uuid
-from collections.abc import Iterator, Mapping
+import zlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from tnrec._fileio import (
-    field,
-    makedirs,
-    publish,
-    sha256_file,
-    write_bytes,
-    write_file,
-    write_json,
-)
-from tnrec.errors import ArgumentError, CheckpointError, WriteError
+from tnrec._fileio import fsync_dir, sha256_file, write_bytes, write_json
+from tnrec.errors import ArgumentError, CheckpointError
 from tnrec.export.graph import export_dense, export_onnx, layer_inputs
+from tnrec.export.layout import DICTIONARY_FILES, routing_doc, shard_dir, shard_of
 from tnrec.export.manifest import (
-    DELTA_FORMAT,
     FORMAT,
     FORMAT_VERSION,
     GRAPH,
@@ -33,61 +32,22 @@ from tnrec.export.manifest import (
     ONNX_GRAPH,
     PROVENANCE,
     check_full_manifest,
-    check_keys,
     check_provenance,
-    check_weights,
     is_number,
-    load_npy,
-    read_manifest,
+)
+from tnrec.export.workers import (
+    Workers,
+    check_new_path,
+    make_shard_dir,
+    read_summaries,
+    save_npy,
+    shard_summary,
+    write_sharded,
 )
 from tnrec.losses import SINGLE
 
 if TYPE_CHECKING:
     from tnrec.layers.spec import ExportModel as Model
-
-# ---------------------------------------------------------------- writing
-
-
-def _save_npy(path: str, arr: np.ndarray) -> str:
-    write_file(path, lambda f: np.save(f, np.ascontiguousarray(arr), allow_pickle=False))
-    return sha256_file(path)
-
-
-def _save_bytes(path: str, data: bytes) -> str:
-    write_bytes(path, data)
-    return sha256_file(path)
-
-
-@contextlib.contextmanager
-def _staged(path: str) -> Iterator[str]:
-    """Yield a hidden sibling directory to write an export into; publish it as ``path``
-    when the block succeeds, remove it when anything fails.
-
-    Raises:
-        WriteError: a file cannot be written (names it and ``path``).
-    """
-    name = f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp = os.path.join(os.path.dirname(path), name)
-    try:
-        makedirs(tmp)
-        yield tmp
-        publish(tmp, path)
-    except WriteError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise WriteError(f"Export {path} was not written (nothing is left there): {e}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _new_path(path: str) -> str:
-    path = os.path.abspath(os.fspath(path))
-    if os.path.lexists(path):
-        raise ArgumentError(f"Export path {path} already exists; choose a new directory.")
-    return path
-
-
-# ---------------------------------------------------------------- full export
 
 
 def _head_specs(model: Model) -> list[dict[str, str]]:
@@ -97,11 +57,15 @@ def _head_specs(model: Model) -> list[dict[str, str]]:
     return [{"name": h.name, "prediction": h.prediction} for h in heads]
 
 
+def _check_name(name: str, where: str) -> None:
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise ArgumentError(f"{where}: a table name must be a file name. Received: {name!r}.")
+
+
 def _check_rows(name: str, rows: Mapping[str, np.ndarray], min_show: float | None) -> None:
     """Check one table's rows given to :func:`export` (``tables=``)."""
     where = f"export: `tables[{name!r}]`"
-    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-        raise ArgumentError(f"{where}: a table name must be a file name. Received: {name!r}.")
+    _check_name(name, where)
     need = ("keys", "weights", "show") if min_show is not None else ("keys", "weights")
     missing = [k for k in need if k not in rows]
     if missing:
@@ -153,12 +117,19 @@ def export(
 ) -> str:
     """Write the inference export of ``model`` to ``path`` (atomically); return ``path``.
 
+    On W workers (a model built under a :class:`~tnrec.distribute.PsStrategy`)
+    every worker calls it: each writes the dictionary shards of its own buckets
+    in parallel, rank 0 then the dense graph and the manifest, and the export
+    appears at ``path`` whole or not at all (``path`` must be on a file system
+    every worker sees). In one process it writes one shard.
+
     Args:
-        model: the trained model (one process holds every row).
+        model: the trained model (its tables: this worker's shard of each).
         path: a new directory.
         min_show: drop rows whose ``show`` is below this (they read as zeros).
         tables: the rows to export per table (``keys``, ``weights``, ``show``);
-            by default the model's in-memory tables.
+            by default the model's in-memory tables. On W workers, each worker's
+            rows of its own buckets, and the same table names and dims on each.
         dt: the day label recorded in the manifest.
         onnx: also write the dense part as ONNX (``dense.onnx``, opset 17, dynamic
             batch; needs the ``onnx`` package: ``pip install tnrec[onnx]``). All zoo
@@ -171,27 +142,94 @@ def export(
             function's ``dt``) and ``global_step`` (the model's) are recorded.
 
     Raises:
-        ArgumentError: ``path`` exists, an argument is invalid, or the model runs
-            on several workers (export from the checkpoint with ``tnrec export``).
-        WriteError: a file cannot be written; nothing is left at ``path``.
+        ArgumentError: ``path`` exists, an argument is invalid, ``tables`` hold
+            keys of another worker's buckets, or the workers' tables differ.
+        WriteError: a file cannot be written on some worker; nothing is left at ``path``.
+        DistributedError: a worker crashed or stalled; nothing is left at ``path``.
     """
-    from tnrec.layers.spec import feature_spec
+    workers = Workers(model.ps, os.path.abspath(os.fspath(path)))
+    plan: dict[str, Any] = {}
 
-    path = _new_path(path)
+    def check() -> None:
+        plan.update(_plan(model, workers, min_show, tables, dt, provenance))
+
+    workers.agree(workers.attempt(check), "check the export's arguments")
+    _check_same_tables(workers, plan["dims"])
+    names = sorted(plan["dims"])
+
+    def write_shards(tmp: str) -> np.ndarray:
+        summary: list[float] = []
+        for name in names:  # one table's rows at a time
+            rel = shard_dir(name, workers.rank, workers.world_size, FORMAT_VERSION)
+            full = make_shard_dir(tmp, rel)
+            keys, weights = _kept_rows(model, tables, name, min_show)
+            dk = save_npy(os.path.join(full, "keys.npy"), keys)
+            dw = save_npy(os.path.join(full, "weights.npy"), weights)
+            fsync_dir(full)
+            summary += shard_summary([keys.shape[0]], [dk, dw])
+            del keys, weights
+        return np.array(summary, np.float64)
+
+    def finish(tmp: str, summaries: np.ndarray) -> None:
+        _write_manifest(model, tmp, plan, summaries, onnx)
+
+    return write_sharded(workers, [f"embeddings/{n}" for n in names], write_shards, finish)
+
+
+def _plan(
+    model: Model,
+    workers: Workers,
+    min_show: float | None,
+    tables: dict[str, dict[str, np.ndarray]] | None,
+    dt: str | None,
+    provenance: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Check the arguments and the rows given; on rank 0 also trace the dense graph.
+
+    Returns:
+        ``dims`` (``{table: D}``), ``provenance``, ``dt``, ``min_show``; on rank 0
+        also what the manifest needs.
+    """
+    check_new_path(workers.path)
     if min_show is not None and not is_number(min_show):
         raise ArgumentError(f"export: `min_show` must be a number or None. Received: {min_show!r}.")
     if dt is not None and not isinstance(dt, str):
         raise ArgumentError(f"export: `dt` must be a str or None. Received: {dt!r}.")
-    prov = _provenance(provenance, model, dt)
-    if tables is None:
-        if model.ps.world_size != 1:
-            raise ArgumentError(
-                "model.export runs in one process; with several workers, save a checkpoint and "
-                "run `tnrec export --model-dir ...`."
-            )
-        tables = {name: t.rows() for name, t in model.tables.items()}
-    for name, rows in tables.items():
-        _check_rows(name, rows, min_show)
+    plan: dict[str, Any] = {"provenance": _provenance(provenance, model, dt), "dt": dt}
+    plan["min_show"] = min_show
+    if tables is None:  # the model's own rows, read table by table as they are written
+        for name in model.tables:
+            _check_name(name, f"export: table {name!r}")
+        plan["dims"] = {name: int(t.dim) for name, t in model.tables.items()}
+    else:
+        plan["dims"] = {}
+        for name, given in tables.items():
+            _check_rows(name, given, min_show)
+            _check_owned(name, given, workers)
+            plan["dims"][name] = int(np.asarray(given["weights"]).shape[1])
+    if workers.rank == 0:
+        plan.update(_dense_plan(model))
+    return plan
+
+
+def _kept_rows(
+    model: Model,
+    tables: dict[str, dict[str, np.ndarray]] | None,
+    name: str,
+    min_show: float | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One table's keys and weights to export (``int64[n]`` sorted, ``float32[n, D]``)."""
+    given = tables[name] if tables is not None else model.tables[name].rows()
+    keys, weights = np.asarray(given["keys"]), np.asarray(given["weights"])
+    order = np.argsort(keys, kind="stable")
+    keep = order if min_show is None else order[np.asarray(given["show"])[order] >= min_show]
+    return keys[keep], weights[keep]
+
+
+def _dense_plan(model: Model) -> dict[str, Any]:
+    """The feature spec, the graph's inputs and heads, and the serialised dense graph."""
+    from tnrec.layers.spec import feature_spec
+
     spec = feature_spec(model)
     num_dense = sum(1 for c in spec["columns"] if c.get("type") == "numeric")
     inputs = layer_inputs(model)
@@ -204,203 +242,85 @@ def export(
         model.train(was)
     graph = io.BytesIO()  # serialised in memory: every write to disk goes through _fileio
     torch.export.save(program, graph)
-    with _staged(path) as tmp:
-        files: dict[str, str] = {}
-        table_docs = {}
-        for name, rows in sorted(tables.items()):
-            keys, weights = rows["keys"], rows["weights"]
-            order = np.argsort(keys, kind="stable")
-            keep = order if min_show is None else order[rows["show"][order] >= min_show]
-            d = f"embeddings/{name}"
-            makedirs(os.path.join(tmp, d))
-            files[f"{d}/keys.npy"] = _save_npy(os.path.join(tmp, d, "keys.npy"), keys[keep])
-            files[f"{d}/weights.npy"] = _save_npy(
-                os.path.join(tmp, d, "weights.npy"), weights[keep]
-            )
-            table_docs[name] = {"dim": int(weights.shape[1]), "count": int(keep.shape[0])}
-        files[GRAPH] = _save_bytes(os.path.join(tmp, GRAPH), graph.getvalue())
-        onnx_doc = None
-        if onnx:
-            onnx_doc = export_onnx(model, inputs, num_dense, heads, os.path.join(tmp, ONNX_GRAPH))
-            files[ONNX_GRAPH] = sha256_file(os.path.join(tmp, ONNX_GRAPH))
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "dt": dt,
-            "min_show": min_show,
-            "feature_spec": spec,
-            "inputs": inputs,
-            "num_dense": num_dense,
-            "heads": heads,
-            "tables": table_docs,
-            "onnx": onnx_doc,
-            "provenance": prov,
-            "files": files,
-        }
-        try:  # what readers will check; a failure here is a bug of this module
-            check_full_manifest(manifest, f"export {path}: {MANIFEST}")
-        except CheckpointError as e:
-            raise RuntimeError(f"internal error: the new manifest fails its checks: {e}") from e
-        # not atomic by itself: the whole directory is published by one rename
-        write_json(os.path.join(tmp, MANIFEST), manifest, atomic=False)
-    return path
+    return {
+        "feature_spec": spec,
+        "num_dense": num_dense,
+        "inputs": inputs,
+        "heads": heads,
+        "graph": graph.getvalue(),
+    }
 
 
-# ---------------------------------------------------------------- checkpoints -> rows
+def _check_owned(name: str, rows: Mapping[str, np.ndarray], workers: Workers) -> None:
+    """On W workers, every key given to a worker must be of its own buckets."""
+    W = workers.world_size
+    if W == 1:
+        return
+    keys = np.asarray(rows["keys"])
+    owner = shard_of(keys, W)
+    wrong = np.flatnonzero(owner != workers.rank)
+    if wrong.shape[0]:
+        k = int(keys[wrong[0]])
+        raise ArgumentError(
+            f"export: `tables[{name!r}]` on rank {workers.rank} holds key {k} of worker "
+            f"{int(owner[wrong[0]])} of {W}; each worker exports the rows of its own buckets "
+            "(bucket_of(key) % W == rank)."
+        )
 
 
-def checkpoint_rows(ckpt_dir: str) -> dict[str, dict[str, np.ndarray]]:
-    """Read every table's rows (keys, weights, show, marker) from a checkpoint, any W.
-
-    Reads the parts' files directly: no tables, no process group.
-    """
-    from tnrec.checkpoint import read_manifest as read_ckpt
-    from tnrec.table import files as table_files
-
-    manifest = read_ckpt(ckpt_dir)
-    out = {}
-    for name, doc in manifest["tables"].items():
-        parts: dict[str, list[np.ndarray]] = {"keys": [], "weights": [], "show": [], "marker": []}
-        for part in doc["parts"]:
-            pdir = os.path.join(ckpt_dir, part["dir"])
-            header = table_files.verify(pdir)
-            for k in parts:
-                parts[k].append(np.load(os.path.join(pdir, f"{k}.npy"), allow_pickle=False))
-            if int(header["dim"]) != int(doc["dim"]):
-                raise CheckpointError(f"{pdir}: dim {header['dim']} != manifest dim {doc['dim']}.")
-        rows = {k: np.concatenate(v) for k, v in parts.items()}
-        order = np.argsort(rows["keys"], kind="stable")
-        out[name] = {k: v[order] for k, v in rows.items()}
-        out[name]["generation"] = np.array(int(manifest["generation"]))
-    return out
-
-
-def _generation(ckpt_dir: str) -> int:
-    from tnrec.checkpoint import read_manifest as read_ckpt
-
-    where = f"checkpoint manifest in {os.path.abspath(ckpt_dir)}"
-    return int(field(read_ckpt(ckpt_dir), "generation", int, where))
-
-
-# ---------------------------------------------------------------- delta export
-
-
-def export_delta(since_ckpt: str, to_ckpt: str, path: str, *, min_show: float | None = None) -> str:
-    """Write the rows updated and the keys deleted between two checkpoints to ``path``.
-
-    Updated = rows of ``to_ckpt`` whose update marker is newer than ``since_ckpt``'s
-    generation (and, with ``min_show``, rows that crossed the threshold); deleted =
-    keys exported at ``since_ckpt`` that ``to_ckpt`` no longer exports.
+def _check_same_tables(workers: Workers, dims: Mapping[str, int]) -> None:
+    """Every worker exports the same tables with the same dims (one small all-gather).
 
     Raises:
-        ArgumentError: ``path`` exists or ``min_show`` is not a number.
-        WriteError: a file cannot be written; nothing is left at ``path``.
+        ArgumentError: on every worker, when they differ.
     """
-    path = _new_path(path)
-    if min_show is not None and not is_number(min_show):
+    sig = json.dumps(sorted(dims.items()))
+    got = workers.gather(np.array([zlib.crc32(sig.encode()), len(dims)], np.float64))  # [W, 2]
+    differ = np.flatnonzero((got != got[0]).any(axis=1))
+    if differ.shape[0]:
         raise ArgumentError(
-            f"export_delta: `min_show` must be a number or None. Received: {min_show!r}."
+            f"export: the workers export different tables: rank {int(differ[0])}'s names or dims "
+            "differ from rank 0's; every worker exports the same tables."
         )
-    old, new = checkpoint_rows(since_ckpt), checkpoint_rows(to_ckpt)
-    with _staged(path) as tmp:
-        files, docs = {}, {}
-        for name, rows in sorted(new.items()):
-            since = int(old[name]["generation"]) if name in old else 0
-            exported = (
-                np.ones(rows["keys"].shape[0], bool)
-                if min_show is None
-                else rows["show"] >= min_show
-            )
-            before = old.get(name)
-            if before is not None:
-                was = (
-                    before["keys"]
-                    if min_show is None
-                    else before["keys"][before["show"] >= min_show]
-                )
-            else:
-                was = np.zeros(0, np.int64)
-            changed = rows["marker"] > since
-            newly = ~np.isin(rows["keys"], was)  # e.g. crossed min_show without a push
-            upd = exported & (changed | newly)
-            deleted = np.setdiff1d(was, rows["keys"][exported])
-            d = f"embeddings/{name}"
-            makedirs(os.path.join(tmp, d))
-            files[f"{d}/keys.npy"] = _save_npy(os.path.join(tmp, d, "keys.npy"), rows["keys"][upd])
-            files[f"{d}/weights.npy"] = _save_npy(
-                os.path.join(tmp, d, "weights.npy"), rows["weights"][upd]
-            )
-            files[f"{d}/deleted.npy"] = _save_npy(os.path.join(tmp, d, "deleted.npy"), deleted)
-            docs[name] = {
-                "dim": int(rows["weights"].shape[1]),
-                "updated": int(upd.sum()),
-                "deleted": int(deleted.shape[0]),
-            }
-        manifest = {
-            "format": DELTA_FORMAT,
-            "format_version": FORMAT_VERSION,
-            "since": _label(since_ckpt),
-            "to": _label(to_ckpt),
-            "since_generation": _generation(since_ckpt),
-            "to_generation": _generation(to_ckpt),
-            "min_show": min_show,
-            "tables": docs,
-            "files": files,
-        }
-        write_json(os.path.join(tmp, MANIFEST), manifest, atomic=False)
-    return path
 
 
-def _label(ckpt_dir: str) -> str:
-    """``<dt>/<generation>`` of a checkpoint directory."""
-    gen_dir = os.path.abspath(ckpt_dir)
-    return f"{os.path.basename(os.path.dirname(gen_dir))}/{os.path.basename(gen_dir)}"
-
-
-def apply_delta(
-    keys: np.ndarray, weights: np.ndarray, delta_path: str, table: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return one table's dictionary ``(keys, weights)`` with a delta export applied.
-
-    Args:
-        keys: the dictionary's keys (``int64[n]``), e.g. from :func:`load_dictionary`.
-        weights: its rows (``float32[n, D]``).
-        delta_path: the delta export.
-        table: the table's name.
-
-    Raises:
-        ArgumentError: ``keys``/``weights`` are not int64[n]/float32[n, D] with the
-            delta's D, or the delta has no table ``table``.
-        CheckpointError: a file of the delta is missing, damaged, or not as its
-            manifest records (keys strictly increasing, weights float32[n, D]).
-    """
-    manifest = read_manifest(delta_path, DELTA_FORMAT)
-    if table not in manifest["tables"]:
-        raise ArgumentError(
-            f"The delta {delta_path} has no table {table!r}; it has {sorted(manifest['tables'])}."
-        )
-    doc = manifest["tables"][table]
-    keys, weights = np.asarray(keys), np.asarray(weights)
-    dim = doc.get("dim", weights.shape[1] if weights.ndim == 2 else None)
-    if (
-        keys.dtype != np.int64
-        or keys.ndim != 1
-        or weights.dtype != np.float32
-        or weights.shape != (keys.shape[0], dim)
-    ):
-        raise ArgumentError(
-            f"apply_delta: `keys` and `weights` must be int64[n] and float32[n, {dim}] (table "
-            f"{table!r} of the delta). Received: {keys.dtype}{list(keys.shape)} and "
-            f"{weights.dtype}{list(weights.shape)}."
-        )
-    d = os.path.join(os.path.abspath(delta_path), "embeddings", table)
-    names = [os.path.join(d, f) for f in ("keys.npy", "weights.npy", "deleted.npy")]
-    upd_k, upd_w, deleted = (load_npy(f, mmap=False) for f in names)
-    check_keys(upd_k, doc["updated"], names[0])
-    check_weights(upd_w, upd_k.shape[0], dim, names[1])
-    check_keys(deleted, doc["deleted"], names[2])
-    keep = ~np.isin(keys, deleted) & ~np.isin(keys, upd_k)
-    all_k = np.concatenate([keys[keep], upd_k])
-    all_w = np.concatenate([weights[keep], upd_w])
-    order = np.argsort(all_k, kind="stable")
-    return all_k[order], all_w[order]
+def _write_manifest(
+    model: Model, tmp: str, plan: dict[str, Any], summaries: np.ndarray, onnx: bool
+) -> None:
+    """Rank 0, after every shard is written: the dense graph, ONNX, the manifest."""
+    names = sorted(plan["dims"])
+    W = summaries.shape[0]
+    files, shards = read_summaries(summaries, names, ("count",), DICTIONARY_FILES, FORMAT_VERSION)
+    table_docs = {}
+    for name in names:
+        dim = plan["dims"][name]
+        count = sum(s["count"] for s in shards[name])
+        table_docs[name] = {"dim": dim, "count": count, "shards": shards[name]}
+    write_bytes(os.path.join(tmp, GRAPH), plan["graph"])
+    files[GRAPH] = sha256_file(os.path.join(tmp, GRAPH))
+    onnx_doc = None
+    if onnx:
+        args = (plan["inputs"], plan["num_dense"], plan["heads"])
+        onnx_doc = export_onnx(model, *args, os.path.join(tmp, ONNX_GRAPH))
+        files[ONNX_GRAPH] = sha256_file(os.path.join(tmp, ONNX_GRAPH))
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "dt": plan["dt"],
+        "min_show": plan["min_show"],
+        "feature_spec": plan["feature_spec"],
+        "inputs": plan["inputs"],
+        "num_dense": plan["num_dense"],
+        "heads": plan["heads"],
+        "routing": routing_doc(W),
+        "tables": table_docs,
+        "onnx": onnx_doc,
+        "provenance": plan["provenance"],
+        "files": files,
+    }
+    try:  # what readers will check; a failure here is a bug of this module
+        check_full_manifest(manifest, f"export {tmp}: {MANIFEST}")
+    except CheckpointError as e:
+        raise RuntimeError(f"internal error: the new manifest fails its checks: {e}") from e
+    # not atomic by itself: the whole directory is published by one rename
+    write_json(os.path.join(tmp, MANIFEST), manifest, atomic=False)

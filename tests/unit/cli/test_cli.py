@@ -466,7 +466,7 @@ def test_delta_export_applied_to_the_first_day_gives_the_second(data_dir, tmp_pa
     assert not np.array_equal(k1, k2)
 
 
-def test_export_errors(trained, tmp_path, monkeypatch, capsys):
+def test_export_errors(trained, tmp_path):
     md = str(trained / "model")
     out = str(tmp_path / "x")
     with pytest.raises(CheckpointError, match=r"holds no complete checkpoint of day '2024-05-09' "):
@@ -481,9 +481,6 @@ def test_export_errors(trained, tmp_path, monkeypatch, capsys):
         export(md, out, since="2024-05-10")
     with pytest.raises(ArgumentError, match=r"--delta takes --since DT1 and --to DT2, not --dt"):
         export(md, out, dt="2024-05-10", delta=True, since="a", to="b")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["export", "--model-dir", md, "--out", out]) == 2
-    assert "tnrec export: error: tnrec export runs in one process" in capsys.readouterr().err
     assert not os.path.exists(out)
 
 

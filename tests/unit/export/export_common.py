@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -183,8 +184,31 @@ def write_doc(path, doc, checksum=True):
         f.write(data)
 
 
+ONE_SHARD = "shard-00000-of-00001"
+
+
+def unshard(path):
+    """Turn a one-shard export (version 3) into a version-2 one, as tnrec wrote it: every
+    table's files directly in ``embeddings/<table>/``, no ``routing``, no ``shards``."""
+    doc = read_doc(path)
+    assert doc["routing"]["num_shards"] == 1
+    for name, t in doc["tables"].items():
+        d = os.path.join(path, "embeddings", name)
+        for f in os.listdir(os.path.join(d, ONE_SHARD)):
+            os.rename(os.path.join(d, ONE_SHARD, f), os.path.join(d, f))
+            rel = f"embeddings/{name}/{f}"
+            doc["files"][rel] = doc["files"].pop(f"embeddings/{name}/{ONE_SHARD}/{f}")
+        os.rmdir(os.path.join(d, ONE_SHARD))
+        t.pop("shards")
+    del doc["routing"]
+    doc["format_version"] = 2
+    write_doc(path, doc)
+
+
 def to_legacy(path):
-    """Turn an export into a version-1 one (no checksum, no provenance), as tnrec wrote it."""
+    """Turn a one-shard export into a version-1 one (no checksum, no provenance, unsharded),
+    as tnrec wrote it."""
+    unshard(path)
     doc = read_doc(path)
     for name in ("checksum", "provenance"):
         doc.pop(name, None)
@@ -205,3 +229,35 @@ def replace_npy(path, rel, arr, checksum=True):
     with open(fname, "rb") as f:
         doc["files"][rel] = hashlib.sha256(f.read()).hexdigest()
     write_doc(path, doc, checksum=checksum)
+
+
+def sha256_of(fname):
+    with open(fname, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def split_shards(src, dst, num_shards):
+    """Copy the one-shard export ``src`` to ``dst`` with every table split into ``num_shards``
+    shards by the routing rule, counts and sha256s rewritten: what W workers write."""
+    shutil.copytree(src, dst)
+    doc = read_doc(dst)
+    assert doc["routing"]["num_shards"] == 1
+    for name, t in doc["tables"].items():
+        d = os.path.join(dst, "embeddings", name)
+        keys = np.load(os.path.join(d, ONE_SHARD, "keys.npy"))
+        weights = np.load(os.path.join(d, ONE_SHARD, "weights.npy"))
+        shutil.rmtree(os.path.join(d, ONE_SHARD))
+        doc["files"] = {k: v for k, v in doc["files"].items() if ONE_SHARD not in k}
+        owner = tn.export.shard_of(keys, num_shards)
+        t["shards"] = []
+        for r in range(num_shards):
+            shard = f"shard-{r:05d}-of-{num_shards:05d}"
+            os.makedirs(os.path.join(d, shard))
+            for f, arr in (("keys.npy", keys[owner == r]), ("weights.npy", weights[owner == r])):
+                fname = os.path.join(d, shard, f)
+                np.save(fname, arr, allow_pickle=False)
+                doc["files"][f"embeddings/{name}/{shard}/{f}"] = sha256_of(fname)
+            t["shards"].append({"count": int((owner == r).sum())})
+    doc["routing"]["num_shards"] = num_shards
+    write_doc(dst, doc)
+    return str(dst)

@@ -97,7 +97,7 @@ def test_predictor_input_errors(trained, tmp_path):
         p.predict(bad)
     with pytest.raises(ArgumentError, match="already exists"):
         trained.export(str(tmp_path / "exp"))
-    w = tmp_path / "exp" / "embeddings" / "emb" / "weights.npy"
+    w = tmp_path / "exp" / "embeddings" / "emb" / "shard-00000-of-00001" / "weights.npy"
     w.write_bytes(w.read_bytes()[:-4] + b"\x00\x00\x80\x7f")
     with pytest.raises(ChecksumError, match=r"weights\.npy is corrupt"):
         Predictor(str(tmp_path / "exp"))
@@ -131,7 +131,7 @@ def test_full_plus_delta_equals_full(tmp_path):
         doc = json.loads((tmp_path / f"delta-{min_show}" / "manifest.json").read_text())
         assert doc["since"] == "d1/1" and doc["to"] == "d2/2"
         assert (doc["since_generation"], doc["to_generation"]) == (1, 2)
-        assert doc["format_version"] == 2 and doc["checksum"].startswith("sha256:")
+        assert doc["format_version"] == 3 and doc["checksum"].startswith("sha256:")
         assert doc["tables"]["emb"]["dim"] == 4
         assert 0 < doc["tables"]["emb"]["updated"] < e2["keys"].shape[0]
 

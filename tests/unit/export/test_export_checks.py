@@ -29,7 +29,8 @@ from tnrec.errors import (
 from tnrec.export import apply_delta, export, export_delta, load_dictionary, read_manifest
 from tnrec.serving import Predictor
 
-KEYS, WEIGHTS = "embeddings/emb/keys.npy", "embeddings/emb/weights.npy"
+SHARD = "embeddings/emb/shard-00000-of-00001"
+KEYS, WEIGHTS = f"{SHARD}/keys.npy", f"{SHARD}/weights.npy"
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,9 @@ def want(tiny_export, rows):
 # ---------------------------------------------------------------- the manifest's checksum
 
 
-def test_manifest_has_version_2_a_checksum_and_provenance(tiny, tiny_export):
+def test_manifest_has_version_3_a_checksum_and_provenance(tiny, tiny_export):
     doc = read_doc(tiny_export)
-    assert doc["format_version"] == 2 and re.fullmatch(r"sha256:[0-9a-f]{64}", doc["checksum"])
+    assert doc["format_version"] == 3 and re.fullmatch(r"sha256:[0-9a-f]{64}", doc["checksum"])
     assert doc["provenance"] == {
         "model_dir": None,
         "dt": "d1",
@@ -275,10 +276,10 @@ def test_schema_errors_name_the_file_and_the_field(exp, edit, match):
     ("edit", "exc", "match"),
     [
         pytest.param(
-            _set(["format_version"], 3),
+            _set(["format_version"], 4),
             FormatVersionError,
-            r"manifest\.json: format_version 3 is not supported \(this tnrec reads 2\)",
-            id="version-3",
+            r"manifest\.json: format_version 4 is not supported \(this tnrec reads 2, 3\)",
+            id="version-4",
         ),
         pytest.param(
             _set(["format"], "tnrec.checkpoint"),
@@ -588,7 +589,7 @@ def _old_rows(checkpoints):
 
 def test_delta_manifest_and_legacy_delta(checkpoints, delta):
     doc = read_doc(delta)
-    assert doc["format_version"] == 2 and doc["checksum"].startswith("sha256:")
+    assert doc["format_version"] == 3 and doc["checksum"].startswith("sha256:")
     assert (doc["since"], doc["to"], doc["since_generation"], doc["to_generation"]) == (
         "d1/1",
         "d2/2",
@@ -618,9 +619,16 @@ def test_delta_checks(checkpoints, delta):
     with pytest.raises(ChecksumError, match=r"delta export manifest .*manifest\.json is corrupt"):
         apply_delta(keys, weights, delta, "emb")
     write_doc(delta, doc)
+    with pytest.raises(
+        CheckpointError, match=r"tables\['emb'\]: field 'updated' must be \d+ \(the sum over"
+    ):
+        apply_delta(keys, weights, delta, "emb")
+    doc["tables"]["emb"]["shards"][0]["updated"] += 1
+    write_doc(delta, doc)
     with pytest.raises(CheckpointError, match=r"keys\.npy holds \d+ keys; manifest\.json says"):
         apply_delta(keys, weights, delta, "emb")
     doc["tables"]["emb"]["updated"] -= 1
+    doc["tables"]["emb"]["shards"][0]["updated"] -= 1
     write_doc(delta, doc)
     upd = np.load(os.path.join(delta, KEYS))
     assert upd.shape[0] > 1

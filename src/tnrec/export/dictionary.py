@@ -1,0 +1,200 @@
+"""An export's dictionaries: reading and checking each table's shards (memory-mapped)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import numpy as np
+
+from tnrec._hashing import bucket_of
+from tnrec.errors import ArgumentError, CheckpointError
+from tnrec.export.layout import shard_dir
+from tnrec.export.manifest import MANIFEST, read_manifest
+
+
+def load_npy(fname: str, mmap: bool = True) -> np.ndarray:
+    """Open one ``.npy`` file of an export (memory-mapped with ``mmap``).
+
+    Raises:
+        CheckpointError: the file is missing or damaged (names it).
+    """
+    if not os.path.isfile(fname):
+        raise CheckpointError(f"Export file {fname} is missing.")
+    try:
+        arr = np.load(fname, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except Exception as e:  # numpy raises many types on a damaged header; name the file
+        raise CheckpointError(
+            f"Export file {fname} is damaged (not a readable .npy array: {e}); "
+            "write the export anew."
+        ) from None
+    if not isinstance(arr, np.ndarray):  # np.load opens any zip archive as an .npz
+        with contextlib.suppress(Exception):
+            arr.close()
+        raise CheckpointError(
+            f"Export file {fname} is damaged (a zip archive, not an .npy array); "
+            "write the export anew."
+        )
+    return arr
+
+
+_CHUNK = 1 << 22  # compare keys in blocks: bounded memory on a memory-mapped file
+
+
+def check_keys(keys: np.ndarray, count: int | None, fname: str) -> None:
+    """Check that ``keys`` is int64[count], strictly increasing (sorted, no repeats).
+
+    Raises:
+        CheckpointError: names ``fname``, what was expected and what it holds.
+    """
+    if keys.dtype != np.dtype(np.int64) or keys.ndim != 1:
+        raise CheckpointError(
+            f"Export file {fname}: keys must be int64[n]. Received: {keys.dtype}{list(keys.shape)}."
+        )
+    if count is not None and keys.shape[0] != count:
+        raise CheckpointError(
+            f"Export file {fname} holds {keys.shape[0]} keys; {MANIFEST} says {count}."
+        )
+    for lo in range(0, max(keys.shape[0] - 1, 0), _CHUNK):
+        block = np.asarray(keys[lo : lo + _CHUNK + 1])
+        up = block[1:] > block[:-1]
+        if not up.all():
+            at = lo + int(np.argmin(up)) + 1
+            raise CheckpointError(
+                f"Export file {fname}: keys must be strictly increasing (sorted, unique); "
+                f"position {at} holds {int(keys[at])} after {int(keys[at - 1])}."
+            )
+
+
+def check_weights(weights: np.ndarray, n: int, dim: int | None, fname: str) -> None:
+    """Check that ``weights`` is float32[n, dim].
+
+    Raises:
+        CheckpointError: names ``fname``, what was expected and what it holds.
+    """
+    want_dim = "D" if dim is None else dim
+    if (
+        weights.dtype != np.dtype(np.float32)
+        or weights.ndim != 2
+        or weights.shape[0] != n
+        or (dim is not None and weights.shape[1] != dim)
+    ):
+        raise CheckpointError(
+            f"Export file {fname}: weights must be float32[{n}, {want_dim}] (the manifest and "
+            f"keys.npy). Received: {weights.dtype}{list(weights.shape)}."
+        )
+
+
+def check_routing(keys: np.ndarray, shard: int, num_shards: int, fname: str) -> None:
+    """Check that every key of shard ``shard`` belongs to it (``bucket_of(key) % W == shard``).
+
+    Raises:
+        CheckpointError: names ``fname``, the first key of another shard and its shard.
+    """
+    if num_shards == 1:
+        return
+    for lo in range(0, keys.shape[0], _CHUNK):
+        block = np.ascontiguousarray(keys[lo : lo + _CHUNK])
+        owner = bucket_of(block) % num_shards
+        wrong = np.flatnonzero(owner != shard)
+        if wrong.shape[0]:
+            at = int(wrong[0])
+            raise CheckpointError(
+                f"Export file {fname}: key {int(block[at])} at position {lo + at} belongs to "
+                f"shard {int(owner[at])} of {num_shards}, not to this shard {shard}."
+            )
+
+
+def table_doc(path: str, table: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's entry of ``table``.
+
+    Raises:
+        ArgumentError: the export has no table ``table`` (names the tables it has).
+    """
+    if table not in manifest["tables"]:
+        raise ArgumentError(
+            f"Export {path} has no table {table!r}; it has {sorted(manifest['tables'])}."
+        )
+    return manifest["tables"][table]
+
+
+def check_shard_index(shard: Any, num_shards: int, where: str) -> int:
+    """Return ``shard`` if it is a shard index of the export.
+
+    Raises:
+        ArgumentError: ``shard`` is not an int in ``[0, num_shards)``.
+    """
+    if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)):
+        raise ArgumentError(f"{where}: a shard must be an int. Received: {shard!r}.")
+    if not 0 <= int(shard) < num_shards:
+        raise ArgumentError(
+            f"{where}: shard {int(shard)} is not one of the export's {num_shards} shards "
+            f"(0 to {num_shards - 1})."
+        )
+    return int(shard)
+
+
+def load_shard(
+    path: str, table: str, shard: int, manifest: dict[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(keys, weights)`` of one shard of one table, memory-mapped and checked.
+
+    Args:
+        path: the export directory.
+        table: the table's name.
+        shard: the shard's index r (0 for an unsharded version-1 or -2 export).
+        manifest: the export's manifest, if already read (read without file hashes otherwise).
+
+    Raises:
+        ArgumentError: the export has no table ``table`` or no shard ``shard``.
+        CheckpointError: a file is missing or damaged, or the keys are not int64,
+            strictly increasing and all of this shard, or the weights not float32
+            ``[n, dim]`` as the manifest records (names the file).
+    """
+    path = os.path.abspath(os.fspath(path))
+    if manifest is None:
+        manifest = read_manifest(path, verify=False)
+    doc = table_doc(path, table, manifest)
+    num_shards = manifest["routing"]["num_shards"]
+    shard = check_shard_index(shard, num_shards, f"Export {path}, table {table!r}")
+    d = os.path.join(path, shard_dir(table, shard, num_shards, manifest["format_version"]))
+    kname, wname = os.path.join(d, "keys.npy"), os.path.join(d, "weights.npy")
+    keys, weights = load_npy(kname), load_npy(wname)
+    check_keys(keys, doc["shards"][shard]["count"], kname)
+    check_routing(keys, shard, num_shards, kname)
+    check_weights(weights, keys.shape[0], doc["dim"], wname)
+    return keys, weights
+
+
+def load_dictionary(
+    path: str, table: str, manifest: dict[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(keys, weights)`` of one table of an export, checked; keys strictly increasing.
+
+    An export of one shard is returned memory-mapped; the shards of a sharded
+    export are merged in memory (use :func:`load_shard` to map one shard).
+
+    Args:
+        path: the export directory.
+        table: the table's name.
+        manifest: the export's manifest, if already read (read without file hashes otherwise).
+
+    Raises:
+        ArgumentError: the export has no table ``table``.
+        CheckpointError: a file is missing or damaged, or the keys are not int64,
+            strictly increasing, or the weights not float32 ``[n, dim]`` as the
+            manifest records.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if manifest is None:
+        manifest = read_manifest(path, verify=False)
+    table_doc(path, table, manifest)
+    num_shards = manifest["routing"]["num_shards"]
+    if num_shards == 1:
+        return load_shard(path, table, 0, manifest)
+    parts = [load_shard(path, table, r, manifest) for r in range(num_shards)]
+    keys = np.concatenate([k for k, _ in parts])  # [n]
+    weights = np.concatenate([w for _, w in parts])  # [n, D]
+    order = np.argsort(keys, kind="stable")
+    return keys[order], weights[order]
