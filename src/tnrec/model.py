@@ -59,6 +59,9 @@ def _all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+_SHARED_TABLE_ATTRS = ("dim", "sparse_optimizer", "initializer", "seed", "policy", "admission")
+
+
 class Model(TrainingLoops, torch.nn.Module):
     """Base class of tnrec models: subclass it, add layers, train with ``compile`` + ``fit``.
 
@@ -151,7 +154,14 @@ class Model(TrainingLoops, torch.nn.Module):
         for name, layers in groups.items():
             first = layers[0]
             for other in layers[1:]:
-                for attr in ("dim", "sparse_optimizer", "initializer", "seed", "policy", "admission"):
+                for attr in (
+                    "dim",
+                    "sparse_optimizer",
+                    "initializer",
+                    "seed",
+                    "policy",
+                    "admission",
+                ):
                     if getattr(other, attr) != getattr(first, attr):
                         raise ArgumentError(
                             f'Layers "{first.name}" and "{other.name}" share table "{name}" but '

@@ -263,6 +263,77 @@ def run_daily(rank: int, world: int, data_dir: str, model_dir: str) -> dict[str,
     }
 
 
+class AdmissionModel(tn.Model):
+    """One table behind admission (min_show 2, a small sketch) and a row cap of 1024."""
+
+    def __init__(self):
+        super().__init__()
+        user, item = fc.category_column("user"), fc.category_column("item")
+        self.e = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(user, 4), fc.embedding_column(item, 4)],
+            AdaGrad(0.1, initial_g2sum=0.1),
+            output="concat",
+            admission=tn.table.AdmissionPolicy(min_show=2.0, sketch_bytes=1024 * 2 * 4 * 4),
+            policy=tn.table.EvictionPolicy(max_rows=1024, low_water=0.5),
+        )
+        self.mlp = torch.nn.Linear(10, 1)
+
+    def forward_dense(self, pooled, dense):
+        return self.mlp(torch.cat([pooled["e"], dense], 1))
+
+
+def admission_batch(step: int) -> Batch:
+    """Batches of 20-80 rows; users and items Zipf-like over pools of 3000 and 800 ids."""
+    b = global_batch(step)
+    rng = np.random.default_rng(5000 + step)
+    users = (rng.zipf(1.3, b.size) % 3000) * 7919 - 90_000
+    items = (rng.zipf(1.2, b.size) % 800) + (1 << 40)
+    b.sparse["user"] = _jagged([[u] for u in users])
+    b.sparse["item"] = _jagged([[i] for i in items])
+    del b.sparse["tags"]
+    return b
+
+
+PROBE = np.concatenate([np.arange(3000) * 7919 - 90_000, np.arange(800) + (1 << 40)]).astype(
+    np.int64
+)
+
+
+def run_admission(rank: int, world: int, ckpt: str) -> dict[str, np.ndarray]:
+    """Train with admission and a row cap on uneven slices; save; what a W=1 run must match."""
+    torch.manual_seed(0)
+    model = AdmissionModel()
+    model.compile(tn.optimizer.Adam(0.01), loss="binary_crossentropy_from_logits")
+    losses = []
+    for step in range(40):
+        logs = model.train_step(worker_slice(admission_batch(step), step, rank, world))
+        losses.append(float(model.ps.all_reduce_sum(np.array([logs.get("loss", 0.0)]))[0]))
+    table = model.tables["e"]
+    counters = np.array([table.counters[k] for k in sorted(table.counters)], np.float64)
+    mine = model.ps.owns(PROBE) if world > 1 else np.ones(PROBE.shape[0], bool)
+    out = {
+        "loss": np.array(losses),
+        "counters": model.ps.all_reduce_sum(counters),
+        "sketch_keys": PROBE[mine],
+        "sketch": table.sketch.estimate(PROBE[mine]),
+        "rows": np.array([len(table)]),
+    }
+    for k, v in table.rows().items():
+        out[f"admission/table/e/{k}"] = v
+    if ckpt != "-":
+        model.save_weights(ckpt, "d0")
+    return out
+
+
+def load_admission(ckpt: str) -> dict[str, np.ndarray]:
+    """One worker loads a checkpoint of the admission model: its sketch and rows."""
+    model = AdmissionModel()
+    model.compile(tn.optimizer.Adam(0.01), loss="binary_crossentropy_from_logits")
+    model.load_weights(ckpt)
+    table = model.tables["e"]
+    return {"sketch": table.sketch.estimate(PROBE), "keys": table.keys()}
+
+
 SCENARIOS = {"contract": run_contract, "timeout": run_timeout, "crash": run_crash}
 
 
@@ -275,6 +346,8 @@ def main() -> None:
         out = run_uneven(strategy.rank, strategy.world_size, sys.argv[4])
     elif scenario == "daily":
         out = run_daily(strategy.rank, strategy.world_size, sys.argv[4], sys.argv[5])
+    elif scenario == "admission":
+        out = run_admission(strategy.rank, strategy.world_size, sys.argv[4])
     elif scenario == "reshard":
         out = run_reshard(strategy.rank, strategy.world_size, sys.argv[4], sys.argv[5])
     else:

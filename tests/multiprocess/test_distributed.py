@@ -150,3 +150,34 @@ def test_daily_counts_are_global_once_not_times_w(launch, tmp_path):
         np.testing.assert_array_equal(part["keys_created"], one["keys_created"])
         np.testing.assert_array_equal(part["rows"], one["rows"])
         assert part["rows"][0] == 61
+
+
+def test_w_workers_admit_and_cap_the_same_rows_as_one(launch, tmp_path):
+    ref = mp_scenarios.run_admission(0, 1, str(tmp_path / "one"))
+    # the scenario really exercises both: keys refused, admitted, and evicted by the cap
+    refused, admitted, evicted = (ref["counters"][i] for i in (2, 0, 1))
+    assert refused > 0 and admitted > 0 and evicted > 0, ref["counters"]
+    res = launch(2, ["admission", str(tmp_path), "120", str(tmp_path / "two")])
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts = load(tmp_path, "admission", 2)
+    for p in parts:
+        np.testing.assert_allclose(p["loss"], ref["loss"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(p["counters"], ref["counters"])
+    ours, want = merged_tables(parts, "admission")["e"], merged_tables([ref], "admission")["e"]
+    np.testing.assert_array_equal(ours["keys"], want["keys"])
+    for a, v in want.items():
+        np.testing.assert_allclose(ours[a], v, rtol=1e-5, atol=1e-6, err_msg=a)
+    assert want["keys"].shape[0] <= 1024 + 80  # the cap plus one batch's keys
+    # the sketch: every worker's own buckets give the single worker's estimates
+    keys = np.concatenate([p["sketch_keys"] for p in parts])
+    est = np.concatenate([p["sketch"] for p in parts])
+    order = np.argsort(keys)
+    ref_order = np.argsort(ref["sketch_keys"])
+    np.testing.assert_array_equal(keys[order], ref["sketch_keys"][ref_order])
+    np.testing.assert_array_equal(est[order], ref["sketch"][ref_order])
+    # resharded: one worker loading the two workers' checkpoint has the same sketch and rows
+    back = mp_scenarios.load_admission(str(tmp_path / "two"))
+    np.testing.assert_array_equal(back["keys"], want["keys"])
+    np.testing.assert_array_equal(
+        back["sketch"], mp_scenarios.load_admission(str(tmp_path / "one"))["sketch"]
+    )

@@ -29,6 +29,7 @@ class CheckpointModel(HasEmbeddingLayers, Protocol):
     """What :mod:`tnrec.checkpoint` reads from and writes into a model."""
 
     optimizer: Any
+    _ps: ParameterServer | None  # swapped back when a load fails half-way
 
     @property
     def tables(self) -> dict[str, SparseTable]: ...

@@ -222,7 +222,7 @@ class CountMinSketch:
         )
 
     def merge(self, buckets: npt.NDArray[np.int64], slices: npt.NDArray[np.float32]) -> None:
-        """Take the saved ``slices[len(buckets), DEPTH, width]`` of ``buckets`` (elementwise max)."""
+        """Take the saved slices ``[len(buckets), DEPTH, width]`` of ``buckets`` (by max)."""
         if buckets.shape[0]:
             np.maximum(self.counters[buckets], slices, out=slices)
             self.counters[buckets] = slices

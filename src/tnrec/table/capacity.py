@@ -17,7 +17,7 @@ the process.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numba as nb
 import numpy as np
@@ -26,10 +26,16 @@ import numpy.typing as npt
 from tnrec._hashing import NUM_BUCKETS, mix64_scalar
 from tnrec.errors import ArgumentError, MemoryLimitError
 from tnrec.table.index import slot_key
-from tnrec.table.rows import row_f32, row_i32
+from tnrec.table.rows import RowStore, row_f32, row_i32
 
-if TYPE_CHECKING:
-    from tnrec.table.table import SparseTable
+
+class BudgetedTable(Protocol):
+    """What a :class:`MemoryBudget` reads from a table (``tnrec.table.SparseTable``)."""
+
+    name: str
+    memory_budget: MemoryBudget | None
+
+    def stats(self) -> Any: ...
 
 
 def bucket_caps(max_rows: int) -> npt.NDArray[np.int64]:
@@ -98,23 +104,26 @@ def _candidates(
 
 
 def select_cap_victims(
-    table: SparseTable, over: npt.NDArray[np.bool_], excess: npt.NDArray[np.int64]
+    slots: np.ndarray,
+    store: RowStore,
+    base: int,
+    bucket_rows: npt.NDArray[np.int64],
+    over: npt.NDArray[np.bool_],
+    excess: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.int64]:
     """Return the keys to evict: ``excess[b]`` rows of each bucket flagged in ``over``.
 
     Order within a bucket: lowest decayed show, then most unseen days, then
     smallest key. Rows marked in the store's bitmap (the pushed batch) are
-    never chosen, so a bucket may stay above its low water mark.
+    never chosen, so a bucket may stay above its low water mark. ``base`` is the
+    record slot of ``show``; ``bucket_rows`` the table's rows per bucket.
     """
-    st = table._store
-    n = int(table._bucket_rows[over].sum())
+    n = int(bucket_rows[over].sum())
     keys = np.empty(n, np.int64)
     bucket = np.empty(n, np.int64)
     show = np.empty(n, np.float32)
     unseen = np.empty(n, np.int32)
-    m = _candidates(
-        table._slots, *st.loc, table.stats_offset, over, st.bitmap, keys, bucket, show, unseen
-    )
+    m = _candidates(slots, *store.loc, base, over, store.bitmap, keys, bucket, show, unseen)
     keys, bucket, show, unseen = keys[:m], bucket[:m], show[:m], unseen[:m]
     order = np.lexsort((keys, -unseen.astype(np.int64), show, bucket))
     bucket = bucket[order]
@@ -147,9 +156,9 @@ class MemoryBudget:
                 f"`memory_limit_bytes` must be an int > 0. Received: {limit_bytes!r}."
             )
         self.limit_bytes = limit_bytes
-        self._tables: weakref.WeakSet[SparseTable] = weakref.WeakSet()
+        self._tables: weakref.WeakSet[BudgetedTable] = weakref.WeakSet()
 
-    def attach(self, table: SparseTable) -> None:
+    def attach(self, table: BudgetedTable) -> None:
         """Count ``table`` against this budget (and check its growth from now on)."""
         self._tables.add(table)
         table.memory_budget = self
@@ -158,7 +167,7 @@ class MemoryBudget:
         """Bytes held by the attached tables."""
         return sum(t.stats().bytes_held for t in self._tables)
 
-    def check(self, table: SparseTable, extra: int, what: str) -> None:
+    def check(self, table: BudgetedTable, extra: int, what: str) -> None:
         """Raise :class:`MemoryLimitError` if ``extra`` more bytes would pass the limit."""
         used = self.used()
         if used + extra > self.limit_bytes:

@@ -51,10 +51,10 @@ from tnrec.errors import (
     CheckpointError,
     MismatchError,
 )
+from tnrec.table import stream
+from tnrec.table.admission import DEPTH, AdmissionPolicy, CountMinSketch
 from tnrec.table.init import Initializer
 from tnrec.table.optimizers import SparseOptimizer, optimizer_from_config
-from tnrec.table import stream
-from tnrec.table.admission import DEPTH, AdmissionPolicy
 from tnrec.table.policy import EvictionPolicy
 
 if TYPE_CHECKING:
@@ -73,6 +73,9 @@ class TableRows(Protocol):
     admission: AdmissionPolicy | None
     generation: int
 
+    @property
+    def sketch(self) -> CountMinSketch | None: ...
+
     def records(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
 
     def split_records(
@@ -82,6 +85,14 @@ class TableRows(Protocol):
     def write_records(self, keys: npt.NDArray[np.int64], rec: npt.NDArray[np.float32]) -> Any: ...
 
     def reserve(self, n: int) -> None: ...
+
+    def rows_for(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]: ...
+
+    def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None: ...
+
+    def write_bucket_files(
+        self, directory: str, lo: int, hi: int
+    ) -> tuple[npt.NDArray[np.int64], dict[str, str]]: ...
 
 
 FORMAT = "tnrec.sparse_table"
@@ -186,10 +197,7 @@ def save(
 def _write_streamed(table: TableRows, tmp: str, lo: int, hi: int) -> tuple[int, dict[str, str]]:
     """Write the rows of buckets ``[lo, hi)`` in bucket order, streamed, plus the offsets and
     the admission sketch's slices; return ``(count, {file: sha256})``."""
-    order, offsets = stream.bucket_order(table, lo, hi)  # type: ignore[arg-type]
-    cols = stream.columns(table.dim, table.optimizer.state_arrays(table.dim))
-    checksums = stream.write_columns(table, tmp, order, cols)  # type: ignore[arg-type]
-    del order
+    offsets, checksums = table.write_bucket_files(tmp, lo, hi)
     _write_small(tmp, "bucket_offsets", offsets, checksums)
     return int(offsets[-1]), checksums
 
@@ -202,7 +210,7 @@ def _write_small(tmp: str, name: str, arr: np.ndarray, checksums: dict[str, str]
 
 def _write_sketch(table: TableRows, tmp: str, lo: int, hi: int, checksums: dict[str, str]) -> None:
     """Write the admission sketch's slices of the touched buckets in ``[lo, hi)``."""
-    sketch = getattr(table, "_sketch", None)
+    sketch = table.sketch
     if sketch is None:
         return
     touched = sketch.touched_buckets()
@@ -502,7 +510,9 @@ def load_into(
     is written into ``table``.
     """
     stream_check = verified is None and header is not None
-    header = verified if verified is not None else header if header is not None else read_header(path)
+    header = (
+        verified if verified is not None else header if header is not None else read_header(path)
+    )
     fname = os.path.join(header["_dir"], HEADER)
     _check_fits(table, header, fname)
     count = int(header["count"])
@@ -520,7 +530,7 @@ def load_into(
         if ranges is None and not (stream_check and verified is None):
             ranges = [(0, count)]
         keep = _keep(key_filter, buckets if header.get("order") != "bucket" else None, fname)
-        n = stream.read_rows(table, header, cols, ranges, keep)  # type: ignore[arg-type]
+        n = stream.read_rows(table, header, cols, ranges, keep)
     _load_sketch(table, header, buckets)
     table.generation = max(table.generation, int(header.get("generation", 0)))
     return n
@@ -591,9 +601,12 @@ def _offsets(header: dict[str, Any]) -> npt.NDArray[np.int64]:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"Cannot read {full}: {e}.") from None
     n = int(header["count"])
-    if offsets.shape != (NUM_BUCKETS + 1,) or offsets[0] != 0 or offsets[-1] != n or (
-        np.diff(offsets) < 0
-    ).any():
+    if (
+        offsets.shape != (NUM_BUCKETS + 1,)
+        or offsets[0] != 0
+        or offsets[-1] != n
+        or (np.diff(offsets) < 0).any()
+    ):
         raise CheckpointError(f"{full} does not match the {n} saved keys.")
     return offsets
 
@@ -602,7 +615,7 @@ def _load_sketch(
     table: TableRows, header: dict[str, Any], buckets: npt.NDArray[np.bool_] | None
 ) -> None:
     """Merge the saved admission sketch's slices (of the selected buckets) into the table's."""
-    sketch = getattr(table, "_sketch", None)
+    sketch = table.sketch
     if sketch is None or "sketch.npy" not in header["files"]:
         return
     d, fname = header["_dir"], os.path.join(header["_dir"], HEADER)

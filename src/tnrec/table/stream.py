@@ -26,7 +26,7 @@ import io
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numba as nb
 import numpy as np
@@ -34,15 +34,24 @@ import numpy.typing as npt
 
 from tnrec import _fileio
 from tnrec._hashing import NUM_BUCKETS, bucket_of, mix64_scalar
-from tnrec.errors import ChecksumError, CheckpointError
-from tnrec.table.index import slot_key
+from tnrec.errors import CheckpointError, ChecksumError
 from tnrec.table._llvm import _prefetch_r
-from tnrec.table.rows import prefetch_span, row_address, row_f32
+from tnrec.table.index import slot_key
+from tnrec.table.rows import RowStore, prefetch_span, row_address, row_f32
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from tnrec.table.table import SparseTable
+
+class RowSink(Protocol):
+    """What a load writes into (``tnrec.table.SparseTable``)."""
+
+    def reserve(self, n: int) -> None: ...
+
+    def rows_for(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]: ...
+
+    def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None: ...
+
 
 CHUNK_BYTES = 16 << 20
 _AHEAD = 16  # rows prefetched ahead while gathering
@@ -141,17 +150,18 @@ def _gather_chunk(
 
 
 def bucket_order(
-    table: SparseTable, lo: int, hi: int
+    slots: np.ndarray, bucket_rows: npt.NDArray[np.int64], lo: int, hi: int
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
-    """Return the live slots of buckets ``[lo, hi)`` grouped by bucket, and the offsets
-    (``int64[NUM_BUCKETS + 1]``: bucket ``b`` is ``order[offsets[b]:offsets[b+1]]``)."""
-    counts = table.bucket_rows()
+    """Return the live slots of buckets ``[lo, hi)`` of an index grouped by bucket, and the
+    offsets (``int64[NUM_BUCKETS + 1]``: bucket ``b`` is ``order[offsets[b]:offsets[b+1]]``);
+    ``bucket_rows`` is the number of keys of each bucket."""
+    counts = bucket_rows.copy()
     counts[:lo] = 0
     counts[hi:] = 0
     offsets = np.zeros(NUM_BUCKETS + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
     order = np.empty(int(offsets[-1]), dtype=np.int32)
-    n = _bucket_slot_order(table._slots, lo, hi, offsets[:-1].copy(), order)
+    n = _bucket_slot_order(slots, lo, hi, offsets[:-1].copy(), order)
     if n != order.shape[0]:
         raise RuntimeError(f"internal error: {n} slots in the buckets, counts say {order.shape[0]}")
     return order, offsets
@@ -164,11 +174,11 @@ def _chunks(n: int, stride: int) -> Iterator[tuple[int, int]]:
 
 
 def write_columns(
-    table: SparseTable, tmp: str, order: npt.NDArray[np.int32], cols: list[Column]
+    slots: np.ndarray, st: RowStore, tmp: str, order: npt.NDArray[np.int32], cols: list[Column]
 ) -> dict[str, str]:
-    """Write ``keys.npy`` and one file per column of the rows in ``order``; return their sha256."""
+    """Write ``keys.npy`` and one file per column of the rows of the slots in ``order``;
+    return their sha256."""
     n = order.shape[0]
-    st = table._store
     names = ["keys", *(c.name for c in cols)]
     files = {name: _fileio.StreamFile(os.path.join(tmp, f"{name}.npy")) for name in names}
     try:
@@ -180,7 +190,7 @@ def write_columns(
             for a, b in _chunks(n, st.stride):
                 keys = np.empty(b - a, np.int64)
                 rec = np.empty((b - a, st.stride), np.float32)
-                _gather_chunk(table._slots, order[a:b], *st.loc, keys, rec)
+                _gather_chunk(slots, order[a:b], *st.loc, keys, rec)
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(_write_chunk, files, cols, keys, rec)
@@ -200,9 +210,9 @@ def write_columns(
 def _write_chunk(
     files: dict[str, _fileio.StreamFile], cols: list[Column], keys: np.ndarray, rec: np.ndarray
 ) -> None:
-    files["keys"].write(memoryview(keys))
+    files["keys"].write(keys.data)
     for c in cols:
-        files[c.name].write(memoryview(np.ascontiguousarray(rec[:, c.start : c.start + c.width])))
+        files[c.name].write(np.ascontiguousarray(rec[:, c.start : c.start + c.width]).data)
 
 
 # ---------------------------------------------------------------------- load
@@ -216,7 +226,9 @@ class _Reader:
     ) -> None:
         self.path = path
         if not os.path.isfile(path):
-            raise CheckpointError(f"Saved table file {path} is missing (it is listed in table.json).")
+            raise CheckpointError(
+                f"Saved table file {path} is missing (it is listed in table.json)."
+            )
         try:
             self.f = open(path, "rb")  # noqa: SIM115 - closed by close()
         except OSError as e:
@@ -253,7 +265,7 @@ class _Reader:
         try:
             if self.hash is None:
                 self.f.seek(self.offset + a * self.row_bytes)
-            got = self.f.readinto(memoryview(out).cast("B"))
+            got = self.f.readinto(out.data.cast("B"))
         except OSError as e:
             raise CheckpointError(f"Cannot read {self.path}: {e}.") from None
         if got != (b - a) * self.row_bytes:
@@ -262,7 +274,7 @@ class _Reader:
                 "missing), so its sha256 does not match table.json."
             )
         if self.hash is not None:
-            self.hash.update(memoryview(out).cast("B"))
+            self.hash.update(out.data.cast("B"))
 
     def finish(self, digest: str, header_file: str) -> None:
         """Check the whole file was read and matches ``digest``; close it."""
@@ -281,7 +293,7 @@ class _Reader:
 
 
 def read_rows(
-    table: SparseTable,
+    table: RowSink,
     header: dict[str, Any],
     cols: list[Column],
     ranges: list[tuple[int, int]] | None,
@@ -293,13 +305,15 @@ def read_rows(
     hashing = ranges is None
     spans = [(0, n)] if ranges is None else ranges
     sums = header["files"]
-    readers = {"keys": _Reader(os.path.join(d, "keys.npy"), "i8", (n,), sums.get("keys.npy"), hashing)}
+    readers = {
+        "keys": _Reader(os.path.join(d, "keys.npy"), "i8", (n,), sums.get("keys.npy"), hashing)
+    }
     try:
         for c in cols:
             f = f"{c.name}.npy"
             readers[c.name] = _Reader(os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing)
         table.reserve(sum(b - a for a, b in spans))
-        stride = table._store.stride
+        stride = max(c.start + c.width for c in cols)
         done = 0
         for lo, hi in spans:
             for a, b in _chunks(hi - lo, stride):
@@ -315,7 +329,7 @@ def read_rows(
 
 
 def _read_chunk(
-    table: SparseTable,
+    table: RowSink,
     readers: dict[str, _Reader],
     cols: list[Column],
     a: int,
@@ -337,7 +351,9 @@ def _read_chunk(
     return int(keys.shape[0])
 
 
-def bucket_ranges(offsets: npt.NDArray[np.int64], buckets: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+def bucket_ranges(
+    offsets: npt.NDArray[np.int64], buckets: npt.NDArray[np.bool_]
+) -> list[tuple[int, int]]:
     """Return the row ranges of the selected buckets (adjacent ones merged)."""
     out: list[tuple[int, int]] = []
     for b in np.flatnonzero(buckets):
@@ -351,6 +367,8 @@ def bucket_ranges(offsets: npt.NDArray[np.int64], buckets: npt.NDArray[np.bool_]
     return out
 
 
-def bucket_filter(buckets: npt.NDArray[np.bool_]) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]:
+def bucket_filter(
+    buckets: npt.NDArray[np.bool_],
+) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]]:
     """Return ``keys -> mask`` of the keys whose bucket is selected."""
     return lambda keys: buckets[bucket_of(keys)]

@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from tnrec._hashing import NUM_BUCKETS
 from tnrec.errors import ArgumentError, NonFiniteError, TableKeyError
-from tnrec.table import capacity, index, rows, threads
+from tnrec.table import capacity, index, rows, stream, threads
 from tnrec.table.admission import AdmissionPolicy, CountMinSketch, admission_passes
 from tnrec.table.init import Initializer, normal, table_stream_seed
 from tnrec.table.optimizers import SparseOptimizer
@@ -150,9 +150,7 @@ class SparseTable:
             else None
         )
         self._bucket_rows = np.zeros(NUM_BUCKETS, dtype=np.int64)  # rows per bucket
-        self._caps = (
-            capacity.bucket_caps(policy.max_rows) if policy.max_rows is not None else None
-        )
+        self._caps = capacity.bucket_caps(policy.max_rows) if policy.max_rows is not None else None
         self.memory_budget: MemoryBudget | None = None
         # Cumulative since the table was built: keys given a row by admission,
         # training pulls of keys refused a row, rows evicted by the cap.
@@ -218,6 +216,11 @@ class SparseTable:
         }
         out.update(self.counters)
         return out
+
+    @property
+    def sketch(self) -> CountMinSketch | None:
+        """The admission sketch (with ``AdmissionPolicy(min_show=...)``), else None."""
+        return self._sketch
 
     def bucket_rows(self) -> npt.NDArray[np.int64]:
         """Return the number of rows of each of the 1024 buckets (a copy)."""
@@ -352,9 +355,9 @@ class SparseTable:
             return None
         return last[1]
 
-    def _insert(self, keys: Keys, init: bool = True) -> npt.NDArray[np.int32]:
+    def _insert(self, keys: Keys, initialise: bool = True) -> npt.NDArray[np.int32]:
         """Insert absent ``keys`` (unique, none present); return their rows, initialised
-        unless ``init`` is False (the caller writes every slot of them)."""
+        unless ``initialise`` is False (the caller writes every slot of them)."""
         n = keys.shape[0]
         out_rows = np.empty(n, dtype=np.int32)
         st = self._store
@@ -387,7 +390,7 @@ class SparseTable:
         out_rows[created] = -2 - out_rows[created]
         if not created.all():
             raise RuntimeError("internal error: _insert got keys that were already present")
-        if not init:
+        if not initialise:
             return out_rows
         opt = self.optimizer
         loc, seed, init = st.loc, self._table_seed, self.initializer
@@ -527,7 +530,9 @@ class SparseTable:
         bitmap = self._store.bitmap
         capacity.set_bits(bitmap, protect, True)
         try:
-            victims = capacity.select_cap_victims(self, over, excess)
+            victims = capacity.select_cap_victims(
+                self._slots, self._store, self.stats_offset, self._bucket_rows, over, excess
+            )
         finally:
             capacity.set_bits(bitmap, protect, False)
         self.counters["keys_evicted_cap"] += self.delete(victims)
@@ -736,6 +741,15 @@ class SparseTable:
         st = self._store
         rows.scatter_records(*st.loc, rws, np.ascontiguousarray(rec))
 
+    def write_bucket_files(
+        self, directory: str, lo: int, hi: int
+    ) -> tuple[npt.NDArray[np.int64], dict[str, str]]:
+        """Stream the rows of buckets ``[lo, hi)`` to column files in ``directory``, grouped by
+        bucket (:mod:`tnrec.table.stream`); return the bucket offsets and ``{file: sha256}``."""
+        order, offsets = stream.bucket_order(self._slots, self._bucket_rows, lo, hi)
+        cols = stream.columns(self.dim, self.optimizer.state_arrays(self.dim))
+        return offsets, stream.write_columns(self._slots, self._store, directory, order, cols)
+
     def rows_for(self, keys: Keys) -> npt.NDArray[np.int32]:
         """Return the row of each of ``keys`` (unique int64), inserting absent ones with rows
         left as they are: for loaders that write every slot of them next."""
@@ -743,7 +757,7 @@ class SparseTable:
         index.lookup(self._slots, keys, rws)
         absent = np.flatnonzero(rws < 0)
         if absent.shape[0]:
-            rws[absent] = self._insert(keys[absent], init=False)
+            rws[absent] = self._insert(keys[absent], initialise=False)
         return rws
 
     def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None:

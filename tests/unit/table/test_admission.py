@@ -68,7 +68,7 @@ def test_sketch_never_under_counts_even_with_collisions():
         keys = np.unique(rng.integers(0, 3000, 200)).astype(np.int64)
         show = rng.uniform(0, 3, keys.shape[0]).astype(np.float32)
         sketch.add(keys, show)
-        for k, s in zip(keys.tolist(), show.tolist()):
+        for k, s in zip(keys.tolist(), show.tolist(), strict=True):
             true[k] = true.get(k, 0.0) + s
     keys = np.array(sorted(true), np.int64)
     est = sketch.estimate(keys)
@@ -151,7 +151,7 @@ def test_sketch_survives_save_and_load_and_resharding(tmp_path):
     step(t, keys[:1500])  # keys < 1500 have show 2, the rest 1
     t.save(tmp_path / "whole", order="bucket")
     loaded = SparseTable.load(tmp_path / "whole")
-    np.testing.assert_array_equal(loaded._sketch.counters, t._sketch.counters)
+    np.testing.assert_array_equal(loaded.sketch.counters, t.sketch.counters)
     assert loaded.admission == t.admission
     # two "workers", each reading its buckets of the same save, then merged counters
     b = bucket_of(keys)
@@ -160,12 +160,12 @@ def test_sketch_survives_save_and_load_and_resharding(tmp_path):
         mine = np.arange(1024) % 2 == rank
         half = table(min_show=3.0, sketch_bytes=1 << 20)
         files.load_into(half, str(tmp_path / "whole"), buckets=mine)
-        touched = half._sketch.touched_buckets()
+        touched = half.sketch.touched_buckets()
         assert mine[touched].all()
         parts.append(half)
     for k in (keys[:5], keys[1500:1505]):
-        est = np.where(b[k] % 2 == 0, parts[0]._sketch.estimate(k), parts[1]._sketch.estimate(k))
-        np.testing.assert_array_equal(est, t._sketch.estimate(k))
+        est = np.where(b[k] % 2 == 0, parts[0].sketch.estimate(k), parts[1].sketch.estimate(k))
+        np.testing.assert_array_equal(est, t.sketch.estimate(k))
     # the resumed table admits exactly as the original would
     step(t, keys[:1500])
     step(loaded, keys[:1500])
