@@ -15,9 +15,9 @@ import torch
 from tnrec.cli.config import (
     ConfigError,
     RunConfig,
+    make_admission,
     make_columns,
     make_optimizer,
-    make_admission,
     make_policy,
 )
 from tnrec.distribute import PsStrategy, current_strategy
