@@ -30,6 +30,11 @@ class Callback:
         """Called after every training step with its logs (``loss``, ``batch_size``: this
         worker's rows)."""
 
+    def on_memory_report(self, step: int, report: dict[str, Any]) -> None:
+        """Called every ``log_every`` steps of ``fit`` and at each epoch's end with
+        :func:`tnrec.memory.memory_report` (every worker's tables and peak RSS; ``step``
+        counts the epoch's steps). Every worker gets the same report."""
+
 
 class History(Callback):
     """What ``fit`` returns: ``history[name]`` is one value per epoch.
@@ -75,6 +80,7 @@ class ProgressBar:
         self.start = time.perf_counter()
         self._last_draw = 0.0
         self.samples = 0
+        self.memory = ""  # the latest memory line (tnrec.memory.format_memory), if any
 
     def due(self, step: int) -> bool:
         """Whether ``update`` would show something for ``step`` (so logs are worth computing).
@@ -85,11 +91,19 @@ class ProgressBar:
             return time.perf_counter() - self._last_draw >= 0.2
         return step % self.log_every == 0
 
+    def _memory_text(self) -> str:
+        return f" - memory: {self.memory}" if self.memory else ""
+
     def update(self, step: int, samples: int, logs: dict[str, float]) -> None:
-        """Report that ``step`` (1-based) finished, having trained ``samples`` rows in total."""
+        """Report that ``step`` (1-based) finished, having trained ``samples`` rows in total.
+
+        The line ends with :attr:`memory` when set (``fit`` sets it every
+        ``log_every`` steps).
+        """
         self.samples = samples
         now = time.perf_counter()
         rate = samples / max(now - self.start, 1e-9)
+        logs_text = format_logs(logs) + self._memory_text()
         if self.tty:
             self._last_draw = now
             if self.total:
@@ -97,10 +111,10 @@ class ProgressBar:
                 bar = f"[{'=' * done}{'.' * (30 - done)}] {step}/{self.total}"
             else:
                 bar = f"step {step}"
-            self.stream.write(f"\r{bar} - {rate:,.0f} samples/s - {format_logs(logs)}")
+            self.stream.write(f"\r{bar} - {rate:,.0f} samples/s - {logs_text}")
             self.stream.flush()
         elif step % self.log_every == 0:
-            self.stream.write(f"step {step} - {rate:,.0f} samples/s - {format_logs(logs)}\n")
+            self.stream.write(f"step {step} - {rate:,.0f} samples/s - {logs_text}\n")
             self.stream.flush()
 
     def close(self, epoch: int, logs: dict[str, float]) -> None:
@@ -109,7 +123,8 @@ class ProgressBar:
         rate = self.samples / max(secs, 1e-9)
         end = "\n" if self.tty else ""
         self.stream.write(
-            f"{end}epoch {epoch + 1} - {secs:.1f}s - {rate:,.0f} samples/s - {format_logs(logs)}\n"
+            f"{end}epoch {epoch + 1} - {secs:.1f}s - {rate:,.0f} samples/s - {format_logs(logs)}"
+            f"{self._memory_text()}\n"
         )
         self.stream.flush()
 

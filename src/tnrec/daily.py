@@ -33,7 +33,17 @@ from tnrec.model import Model
 
 @dataclass
 class DayReport:
-    """What one day did (global over workers)."""
+    """What one day did (global over workers).
+
+    ``keys_evicted`` counts the rows deleted at the day's end by each table's
+    policy; ``keys_admitted``, ``keys_refused`` and ``keys_evicted_cap`` the
+    keys given a row by admission, the training pulls of keys refused one, and
+    the rows evicted by the row cap during the day. ``tables`` holds, per
+    table, those four (:data:`DAY_TABLE_FIELDS`) and, at the day's end, its
+    ``rows``, ``bytes`` (summed over workers) and ``sketch_fill`` (the mean of
+    the workers' admission-sketch fill). A resumed day counts from the resume
+    (the counters are not saved in checkpoints).
+    """
 
     dt: str
     skipped: bool = False
@@ -43,6 +53,23 @@ class DayReport:
     table_sizes: dict[str, int] = field(default_factory=dict)
     next_day_auc: float | None = None
     resumed: bool = False
+    keys_admitted: int = 0
+    keys_refused: int = 0
+    keys_evicted_cap: int = 0
+    tables: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+# Per table and day: counters taken as end-of-day minus start-of-day (keys_evicted: the
+# day's policy eviction), then rows, bytes and sketch fill at the day's end.
+DAY_TABLE_FIELDS = (
+    "keys_admitted",
+    "keys_refused",
+    "keys_evicted_cap",
+    "keys_evicted",
+    "rows",
+    "bytes",
+    "sketch_fill",
+)
 
 
 def _parse_day(dt: str) -> _dt.date | None:
@@ -76,6 +103,7 @@ def train_days(
     verbose: int = 0,
     callbacks: Sequence[Callback] = (),
     wrap: Callable[[Any], Any] | None = None,
+    log_every: int = 100,
 ) -> list[DayReport]:
     """Train ``days`` (``(dt, make_reader)`` pairs, in order) with checkpoints in ``model_dir``.
 
@@ -93,6 +121,7 @@ def train_days(
         verbose: 1 prints one line per day (rank 0).
         callbacks: more callbacks for every day's ``fit`` (a run log, ...).
         wrap: applied to each day's worker part before ``fit`` (e.g. ``RunLog.wrap``).
+        log_every: ``fit``'s steps between log lines and memory reports.
 
     Returns:
         One :class:`DayReport` per day.
@@ -121,6 +150,7 @@ def train_days(
             verbose=verbose,
             callbacks=callbacks,
             wrap=wrap,
+            log_every=log_every,
         )
 
 
@@ -136,6 +166,7 @@ def _train_days(
     verbose: int,
     callbacks: Sequence[Callback],
     wrap: Callable[[Any], Any] | None,
+    log_every: int,
 ) -> list[DayReport]:
     """:func:`train_days` under the model-dir lock."""
     labels = [dt for dt, _ in days]
@@ -172,6 +203,7 @@ def _train_days(
             )
             part = _FromEpoch(part, first_epoch)
         before = _sizes(model)
+        start_counters = _counters(model)
         counter = _RowCounter()
         cbs: list[Callback] = [counter]
         if save_every_n_steps is not None:
@@ -185,18 +217,18 @@ def _train_days(
             epochs=max(epochs - first_epoch, 0),
             callbacks=[*cbs, *callbacks],
             verbose=verbose,
+            log_every=log_every,
         )
         created = {n: _sizes(model)[n] - before[n] for n in before}  # global already
         delta = days_between(last_decayed, dt) if last_decayed is not None else 1
-        evicted = 0
-        for table in model.tables.values():
+        evicted = {}
+        for name, table in sorted(model.tables.items()):
             table.show_decay(delta)
-            evicted += table.evict()
+            evicted[name] = table.evict()
         last_decayed = dt
         stats = getattr(part, "stats", None)
         bad = int(getattr(stats, "bad_rows", 0) or 0)
-        totals = ps.all_reduce_sum(np.array([counter.rows, evicted, bad], np.float64))
-        day.rows_trained, day.keys_evicted, bad = (int(x) for x in totals)
+        bad = _count_day(model, day, counter.rows, bad, start_counters, evicted)  # one all-reduce
         if day.rows_trained == 0 and bad > 0 and not day.resumed:
             raise EmptyInputError(
                 f"day {dt}: no row was trained: all {bad} rows of its input were bad and "
@@ -204,7 +236,6 @@ def _train_days(
                 "and run again."
             )
         day.keys_created = sum(created.values())
-        day.table_sizes = _sizes(model)
         model.save_weights(
             model_dir,
             dt,
@@ -245,6 +276,47 @@ class _FromEpoch:
         return iter(self.part)
 
 
+def _counters(model: Model) -> dict[str, dict[str, int]]:
+    """This worker's cumulative admission and cap counters of every table (a copy)."""
+    return {name: dict(t.counters) for name, t in model.tables.items()}
+
+
+def _count_day(
+    model: Model,
+    day: DayReport,
+    rows: int,
+    bad: int,
+    start: dict[str, dict[str, int]],
+    evicted: dict[str, int],
+) -> int:
+    """Fill ``day``'s rows, evictions, admission counters and per-table figures (global);
+    return the bad rows skipped on all workers.
+
+    One all-reduce sums ``[rows, bad, per table: DAY_TABLE_FIELDS]`` over the
+    workers: the counters as this worker's end-of-day minus ``start``, the
+    policy evictions ``evicted``, and the table's rows, bytes and sketch fill
+    now. A worker whose input ran out takes part like the others.
+    """
+    names = sorted(model.tables)
+    local = [float(rows), float(bad)]
+    for name in names:
+        mem = model.tables[name].memory()
+        local += [float(mem[c]) - start[name][c] for c in DAY_TABLE_FIELDS[:3]]
+        local += [float(evicted[name]), float(mem["rows"]), float(mem["bytes"])]
+        local.append(float(mem["sketch_fill"]))
+    totals = model.ps.all_reduce_sum(np.array(local, np.float64))
+    day.rows_trained = int(totals[0])
+    n, W = len(DAY_TABLE_FIELDS), model.ps.world_size
+    for i, name in enumerate(names):
+        figures = dict(zip(DAY_TABLE_FIELDS, totals[2 + i * n : 2 + (i + 1) * n], strict=True))
+        day.tables[name] = {f: int(v) for f, v in figures.items() if f != "sketch_fill"}
+        day.tables[name]["sketch_fill"] = float(figures["sketch_fill"]) / W
+    for c in ("keys_admitted", "keys_refused", "keys_evicted_cap", "keys_evicted"):
+        setattr(day, c, sum(int(t[c]) for t in day.tables.values()))
+    day.table_sizes = {name: int(t["rows"]) for name, t in day.tables.items()}
+    return int(totals[1])
+
+
 def _sizes(model: Model) -> dict[str, int]:
     """Global key count of every table."""
     names = sorted(model.tables)
@@ -265,14 +337,48 @@ class _RowCounter(Callback):
         self.rows += int((logs or {}).get("batch_size", 0))
 
 
+def _table_text(figures: dict[str, float] | None) -> str:
+    """`` (admitted A, refused R, evicted E, by cap C, sketch fill F)`` without zero parts."""
+    if not figures:
+        return ""
+    parts = [
+        f"{label} {int(figures[key])}"
+        for label, key in (
+            ("admitted", "keys_admitted"),
+            ("refused", "keys_refused"),
+            ("evicted", "keys_evicted"),
+            ("by cap", "keys_evicted_cap"),
+        )
+        if figures.get(key)
+    ]
+    if figures.get("sketch_fill"):
+        parts.append(f"sketch fill {figures['sketch_fill']:.3f}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def format_day(day: DayReport) -> str:
-    """One line per day for logs and the CLI."""
+    """One line per day for logs and the CLI.
+
+    After each table's size, its non-zero day figures: keys admitted, keys
+    refused, rows evicted at the day's end and by the cap, sketch fill.
+
+    Example:
+        >>> print(format_day(DayReport("2024-05-10", rows_trained=600, keys_created=80,
+        ...     keys_evicted=3, keys_evicted_cap=5, table_sizes={"emb": 72, "wide": 40},
+        ...     tables={"emb": {"keys_admitted": 80, "keys_refused": 310, "keys_evicted": 3,
+        ...                     "keys_evicted_cap": 5, "sketch_fill": 0.0123}})))
+        day 2024-05-10: rows 600 - keys created 80 - evicted 3 (+5 by cap) - tables emb=72
+        (admitted 80, refused 310, evicted 3, by cap 5, sketch fill 0.012), wide=40
+    """
     if day.skipped:
         return f"day {day.dt}: already complete, skipped"
     auc = f" next-day AUC {day.next_day_auc:.4f} -" if day.next_day_auc is not None else ""
-    sizes = ", ".join(f"{k}={v}" for k, v in day.table_sizes.items())
+    sizes = ", ".join(
+        f"{k}={v}{_table_text(day.tables.get(k))}" for k, v in day.table_sizes.items()
+    )
     empty = " (its input holds no rows)" if day.rows_trained == 0 and not day.resumed else ""
+    cap = f" (+{day.keys_evicted_cap} by cap)" if day.keys_evicted_cap else ""
     return (
         f"day {day.dt}:{auc} rows {day.rows_trained}{empty} - keys created {day.keys_created} - "
-        f"evicted {day.keys_evicted} - tables {sizes}" + (" (resumed)" if day.resumed else "")
+        f"evicted {day.keys_evicted}{cap} - tables {sizes}" + (" (resumed)" if day.resumed else "")
     )

@@ -15,8 +15,17 @@ input::
      "samples_per_s": 12804.0, "input_wait_s": 0.4, "input_wait_share": 0.005,
      "loss": 0.44, "auc": 0.77, "val_auc": 0.78, ...}
 
+    {"event": "memory", "epoch": 0, "step": 100, "global_step": 100, "world_size": 2,
+     "peak_rss_bytes": 912261120, "peak_rss_bytes_per_worker": [912261120, 870244352],
+     "tables": {"emb": {"rows": 81234, "bytes": 9437184, "skew": 1.02,
+                        "keys_admitted": 0, "keys_refused": 0, ..., "per_worker": {...}}}}
+
 Step records cover the ``every`` steps since the previous one (rates and
-waits of that interval); epoch records cover the epoch. When
+waits of that interval); epoch records cover the epoch; memory records
+(:func:`tnrec.memory.memory_report`) come every ``log_every`` steps of ``fit``
+and at the end of every epoch, with TensorBoard scalars
+``memory/<table>/rows``, ``memory/<table>/bytes``, ``memory/<table>/skew``,
+``memory/peak_rss``, ... When
 ``torch.utils.tensorboard`` and ``tensorboard`` are installed, the same scalars
 also go to a TensorBoard event file in the same directory.
 """
@@ -32,6 +41,7 @@ from typing import IO, Any
 
 from tnrec.callbacks import Callback
 from tnrec.errors import ArgumentError
+from tnrec.memory import memory_scalars
 
 __all__ = ["RunLog", "TimedData", "read_runlog"]
 
@@ -81,6 +91,15 @@ def _json_value(v: Any) -> Any:
     return v
 
 
+def _json_ready(v: Any) -> Any:
+    """:func:`_json_value` applied through dicts and lists (a memory report nests)."""
+    if isinstance(v, dict):
+        return {k: _json_ready(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_ready(x) for x in v]
+    return _json_value(v)
+
+
 class RunLog(Callback):
     """Write training progress to ``out_dir/runlog.jsonl`` (and TensorBoard when installed).
 
@@ -104,7 +123,7 @@ class RunLog(Callback):
         >>> log = RunLog(tempfile.mkdtemp(), every=2)
         >>> _ = model.fit(log.wrap(reader), callbacks=[log], verbose=0)
         >>> [(r["event"], r.get("step")) for r in read_runlog(log.out_dir)]
-        [('step', 2), ('step', 4), ('epoch', None)]
+        [('step', 2), ('step', 4), ('memory', 4), ('epoch', None)]
     """
 
     def __init__(
@@ -143,20 +162,29 @@ class RunLog(Callback):
         d = self.data
         return (time.perf_counter(), d.rows if d else 0, d.wait_s if d else 0.0)
 
-    def write(self, record: dict[str, Any]) -> None:
-        """Append one record to the file (and its scalars to TensorBoard)."""
+    def write(self, record: dict[str, Any], scalars: dict[str, float] | None = None) -> None:
+        """Append one record to the file (and its scalars to TensorBoard).
+
+        Args:
+            record: a JSON-ready dict with an ``"event"``.
+            scalars: the TensorBoard scalars by tag; default: every number at the
+                record's top level, tagged ``<event>/<key>``.
+        """
         if self._file is None:
             raise ArgumentError("RunLog.write: the log is not open (fit opens it).")
-        self._file.write(json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n")
+        self._file.write(json.dumps(_json_ready(record)) + "\n")
         self._file.flush()
         if self._writer is not None:
-            prefix = record["event"]
-            step = self.global_step
-            for k, v in record.items():
-                if k not in ("event", "epoch", "step", "global_step") and isinstance(
-                    v, (int, float)
-                ):
-                    self._writer.add_scalar(f"{prefix}/{k}", v, step)
+            if scalars is None:
+                prefix = record["event"]
+                scalars = {
+                    f"{prefix}/{k}": v
+                    for k, v in record.items()
+                    if k not in ("event", "epoch", "step", "global_step")
+                    and isinstance(v, (int, float))
+                }
+            for tag, v in scalars.items():
+                self._writer.add_scalar(tag, v, self.global_step)
 
     def _open_tensorboard(self) -> None:
         if not self.want_tensorboard:
@@ -206,6 +234,17 @@ class RunLog(Callback):
                 input_wait_s=wait - wait0,
             )
         self.write(record)
+
+    def on_memory_report(self, step: int, report: dict[str, Any]) -> None:
+        """Write a ``memory`` record (the report) and its ``memory/...`` TensorBoard scalars."""
+        record = {
+            "event": "memory",
+            "epoch": self._epoch,
+            "step": step,
+            "global_step": self.global_step,
+            **report,
+        }
+        self.write(record, scalars=memory_scalars(report))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
         t, rows, wait = self._now()

@@ -14,6 +14,7 @@ from tnrec.callbacks import Callback, History, ProgressBar
 from tnrec.data import Batch
 from tnrec.errors import ArgumentError, DataError, EmptyInputError
 from tnrec.losses import SINGLE, Head, label_problem, weight_problem
+from tnrec.memory import format_memory, memory_report
 from tnrec.ps import ParameterServer
 
 DataT = TypeVar("DataT", bound=Iterable[Batch])
@@ -224,7 +225,12 @@ class TrainingLoops:
             validation_data: evaluated after every epoch; its metrics appear as ``val_*``.
             verbose: 0 silent; 1 a progress bar on a terminal, a log line every
                 ``log_every`` steps otherwise, and one line per epoch (rank 0 only).
-            log_every: steps between log lines when not on a terminal.
+            log_every: steps between log lines when not on a terminal, and between
+                memory reports (:func:`tnrec.memory.memory_report`, passed to
+                :meth:`Callback.on_memory_report <tnrec.callbacks.Callback.on_memory_report>`
+                and shown in the log lines); a report also ends every epoch. The
+                report is a collective: every worker takes it at the same steps,
+                whatever its ``verbose``, also a worker whose input ran out.
 
         Returns:
             The :class:`~tnrec.callbacks.History` of per-epoch metrics (global
@@ -248,23 +254,14 @@ class TrainingLoops:
                 cb.on_epoch_begin(epoch)
             show = verbose and self.ps.rank == 0
             bar = ProgressBar(steps_per_epoch, log_every=log_every) if show else None
-            rows = 0
-            for step, batch in enumerate(self._synced(part, steps_per_epoch), start=1):
-                logs = self.train_step(batch)
-                self.global_step += 1
-                rows += batch.size
-                if bar is not None:
-                    bar.samples = rows
-                    if bar.due(step):
-                        bar.update(step, rows, self._metric_logs(reduce=False))
-                step_logs = {**logs, "batch_size": batch.size}
-                for cb in cbs:
-                    cb.on_train_batch_end(step, step_logs)
+            steps = self._fit_epoch(part, steps_per_epoch, cbs, bar, log_every)
             epoch_logs = self._metric_logs(reduce=True)
             if validation_data is not None:
                 val = self.evaluate(validation_data, verbose=0)
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
                 self.train()
+            if log_every < 1 or steps == 0 or steps % log_every:  # else the last step reported
+                self._report_memory(steps, cbs, bar)
             if bar is not None:
                 bar.close(epoch, epoch_logs)
             for cb in cbs:
@@ -274,6 +271,47 @@ class TrainingLoops:
         for cb in cbs:
             cb.on_train_end()
         return history
+
+    def _fit_epoch(
+        self,
+        part: Iterable[Batch],
+        steps_per_epoch: int | None,
+        cbs: list[Callback],
+        bar: ProgressBar | None,
+        log_every: int,
+    ) -> int:
+        """Train one epoch of ``fit``; return its number of steps (the same on every worker)."""
+        rows = 0
+        steps = 0
+        for step, batch in enumerate(self._synced(part, steps_per_epoch), start=1):
+            logs = self.train_step(batch)
+            self.global_step += 1
+            steps = step
+            rows += batch.size
+            report = None
+            if log_every > 0 and step % log_every == 0:
+                report = memory_report(self.ps)  # a collective: every worker, same steps
+            if bar is not None:
+                bar.samples = rows
+                if report is not None:
+                    bar.memory = format_memory(report)
+                if bar.due(step):
+                    bar.update(step, rows, self._metric_logs(reduce=False))
+            step_logs = {**logs, "batch_size": batch.size}
+            for cb in cbs:
+                cb.on_train_batch_end(step, step_logs)
+            if report is not None:
+                for cb in cbs:
+                    cb.on_memory_report(step, report)
+        return steps
+
+    def _report_memory(self, step: int, cbs: list[Callback], bar: ProgressBar | None) -> None:
+        """Gather a memory report (a collective) and hand it to the callbacks and the bar."""
+        report = memory_report(self.ps)
+        if bar is not None:
+            bar.memory = format_memory(report)
+        for cb in cbs:
+            cb.on_memory_report(step, report)
 
     def evaluate(
         self,

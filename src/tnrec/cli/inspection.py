@@ -74,21 +74,35 @@ def _quantiles(values: list[np.ndarray]) -> dict[str, float] | None:
     return {name: float(x) for (name, _), x in zip(QUANTILES, q, strict=True)}
 
 
+def _part_summary(part: str, rank: int, count: int) -> dict[str, Any]:
+    """One saved part (one worker's shard): its rows, bytes on disk, and the sketch's share."""
+    files = [e for e in os.scandir(part) if e.is_file()]
+    return {
+        "rank": rank,
+        "rows": count,
+        "bytes": sum(e.stat().st_size for e in files),
+        "sketch_bytes": sum(e.stat().st_size for e in files if e.name.startswith("sketch")),
+    }
+
+
 def _table_summary(ckpt: str, doc: dict[str, Any]) -> dict[str, Any]:
     from tnrec.table import files as table_files
 
-    keys = size = 0
+    parts = []
     show: list[np.ndarray] = []
     click: list[np.ndarray] = []
-    for part in _part_dirs(ckpt, doc):
+    for saved, part in zip(doc["parts"], _part_dirs(ckpt, doc), strict=True):
         header = table_files.read_header(part)
-        keys += int(header["count"])
-        size += sum(e.stat().st_size for e in os.scandir(part) if e.is_file())
+        parts.append(_part_summary(part, int(saved["rank"]), int(header["count"])))
         show.append(np.asarray(_load_npy(part, "show")))
         click.append(np.asarray(_load_npy(part, "click")))
+    rows = np.array([p["rows"] for p in parts], np.float64)
+    mean = float(rows.mean()) if rows.shape[0] else 0.0
     return {
-        "keys": keys,
-        "bytes": size,
+        "keys": int(rows.sum()),
+        "bytes": sum(p["bytes"] for p in parts),
+        "skew": float(rows.max()) / mean if mean > 0 else 1.0,  # max / mean rows per part
+        "parts": parts,
         "dim": int(doc["dim"]),
         "optimizer": doc["optimizer"],
         "policy": doc["policy"],
@@ -97,12 +111,60 @@ def _table_summary(ckpt: str, doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+DAY_FIELDS = ("keys_admitted", "keys_refused", "keys_evicted_cap", "keys_evicted")
+
+
+def _runlog_paths(root: str, model: dict[str, Any] | None) -> list[str]:
+    """Where ``tnrec train`` wrote the run log of ``root``: its config's ``output_dir``, and
+    the parent of ``root`` (the default model dir is ``<output_dir>/model``)."""
+    from tnrec.runlog import RUNLOG_FILE
+
+    out_dir = ((model or {}).get("config") or {}).get("output_dir")
+    dirs = [out_dir] if isinstance(out_dir, str) else []
+    dirs.append(os.path.dirname(root))
+    return list(dict.fromkeys(os.path.join(d, RUNLOG_FILE) for d in dirs))
+
+
+def _day_counters(root: str, dt: str, model: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The admission and eviction counters of day ``dt`` from the run log (its last trained
+    record of that day), or None when no run log holds one.
+
+    A line that is not JSON (a run cut off mid-write) is skipped and counted.
+    """
+    for path in _runlog_paths(root, model):
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = [line for line in f if line.strip()]
+        except OSError:
+            continue
+        found, bad = None, 0
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if rec.get("event") == "day" and rec.get("dt") == dt and not rec.get("skipped"):
+                found = rec
+        if found is not None and "keys_admitted" in found:
+            out = {"runlog": path, "dt": dt, **{k: found.get(k) for k in DAY_FIELDS}}
+            out["tables"] = found.get("tables") or {}
+            if bad:
+                out["unreadable_lines"] = bad
+            return out
+    return None
+
+
 def inspect_summary(path: str) -> dict[str, Any]:
     """Describe a model dir (or one day, or one generation): days, generations, tables.
 
     The checkpoint whose tables are described is verified first (the sha256 of every
     file its manifest and table headers name); the other generations' manifests are
-    read and checked, their files are not.
+    read and checked, their files are not. Per table: rows (``keys``), bytes on
+    disk, each part's (worker's) rows and bytes, and the ``skew`` across parts
+    (max / mean rows). ``day_counters``: the checkpoint day's keys admitted and
+    refused and rows evicted (by the cap, at the day's end), per table, from the
+    ``runlog.jsonl`` of ``tnrec train`` when one holds them (else None).
 
     Raises:
         CheckpointError: not a model dir, an unreadable or damaged manifest, table
@@ -129,9 +191,11 @@ def inspect_summary(path: str) -> dict[str, Any]:
         "days": days,
         "checkpoint": None,
         "tables": {},
+        "day_counters": None,
     }
+    model_doc = None
     if os.path.isfile(os.path.join(root, MODEL_FILE)):
-        doc = read_model_json(root)
+        doc = model_doc = read_model_json(root)
         out["model"] = {"name": doc["model"], "params": doc["params"]}
     else:
         out["model"] = {"name": None, "params": {}, "missing": os.path.join(root, MODEL_FILE)}
@@ -146,6 +210,7 @@ def inspect_summary(path: str) -> dict[str, Any]:
             "verified": "sha256 of every file checked",
         }
         out["tables"] = {n: _table_summary(ckpt, d) for n, d in sorted(m["tables"].items())}
+        out["day_counters"] = _day_counters(root, m["dt"], model_doc)
     return out
 
 
@@ -223,7 +288,8 @@ def _policy_text(p: dict[str, Any]) -> str:
     ]
     joint = " and " if p["combine"] == "all" else " or "
     evict = f" evict {joint.join(tests)}" if tests else " no eviction"
-    return f"decay {p['show_decay_rate']}/day,{evict}"
+    cap = f", cap {p['max_rows']:,} rows" if p.get("max_rows") else ""
+    return f"decay {p['show_decay_rate']}/day,{evict}{cap}"
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -260,13 +326,14 @@ def format_summary(s: dict[str, Any]) -> str:
             f"tables of {c['dir']} (generation {c['generation']}, {c['world_size']} worker(s); "
             f"{c['verified']})",
         ]
-        rows = [["table", "keys", "bytes", "dim", "optimizer", "policy"]]
+        rows = [["table", "keys", "bytes", "skew", "dim", "optimizer", "policy"]]
         for name, t in s["tables"].items():
             rows.append(
                 [
                     name,
                     f"{t['keys']:,}",
                     _fmt_bytes(t["bytes"]),
+                    f"{t['skew']:.2f}",
                     str(t["dim"]),
                     _opt_text(t["optimizer"]),
                     _policy_text(t["policy"]),
@@ -280,7 +347,45 @@ def format_summary(s: dict[str, Any]) -> str:
                 qs = t[stat]
                 rows.append([name, *(f"{qs[q]:.4g}" if qs else "-" for q, _ in QUANTILES)])
             lines += _grid(rows)
+        lines += _parts_lines(s["tables"])
+    if s.get("day_counters"):
+        lines += _counter_lines(s["day_counters"])
     return "\n".join(lines)
+
+
+def _parts_lines(tables: dict[str, Any]) -> list[str]:
+    """The rows and bytes of every part (one per worker that saved it) of every table."""
+    rows = [["table", "part", "rows", "bytes", "sketch bytes"]]
+    for name, t in tables.items():
+        for p in t["parts"]:
+            rows.append(
+                [
+                    name,
+                    str(p["rank"]),
+                    f"{p['rows']:,}",
+                    _fmt_bytes(p["bytes"]),
+                    _fmt_bytes(p["sketch_bytes"]) if p["sketch_bytes"] else "-",
+                ]
+            )
+    return ["", "rows and bytes per part (worker)", *_grid(rows)]
+
+
+def _counter_lines(c: dict[str, Any]) -> list[str]:
+    """The admission and eviction counters of the checkpoint's day, per table."""
+    head = ["table", "admitted", "refused", "evicted by cap", "evicted at day end", "sketch fill"]
+    rows = [head]
+    for name, t in c["tables"].items():
+        fill = t.get("sketch_fill")
+        rows.append(
+            [
+                name,
+                *(f"{int(t.get(k) or 0):,}" for k in DAY_FIELDS),
+                f"{fill:.3f}" if fill else "-",
+            ]
+        )
+    bad = c.get("unreadable_lines")
+    note = f"; {bad} unreadable line(s) skipped" if bad else ""
+    return ["", f"day {c['dt']} counters (from {c['runlog']}{note})", *_grid(rows)]
 
 
 def format_row(row: dict[str, Any]) -> str:

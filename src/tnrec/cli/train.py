@@ -164,7 +164,11 @@ def _day_record(day: DayReport) -> dict[str, Any]:
         "rows": day.rows_trained,
         "keys_created": day.keys_created,
         "keys_evicted": day.keys_evicted,
+        "keys_admitted": day.keys_admitted,
+        "keys_refused": day.keys_refused,
+        "keys_evicted_cap": day.keys_evicted_cap,
         "table_sizes": day.table_sizes,
+        "tables": day.tables,
         "next_day_auc": day.next_day_auc,
     }
 
@@ -178,7 +182,10 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     from its saved input position (``checkpoint.save_every_n_steps``). Before
     each day's save the tables decay and evict by ``[eviction]``. Rank 0
     writes ``model.json``, ``config.json``, prints one line per day and
-    appends them to ``runlog.jsonl``.
+    appends them to ``runlog.jsonl`` (with each table's keys admitted and
+    refused, rows evicted by the cap and at the day's end, rows, bytes and
+    sketch fill), after the ``memory`` records of every ``train.log_every``
+    steps.
 
     Args:
         cfg: the run config.
@@ -226,6 +233,7 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
         verbose=verbose,
         callbacks=[log] if log is not None else (),
         wrap=log.wrap if log is not None else None,
+        log_every=cfg.train.log_every,  # memory reports: on every worker, same steps
     )
     secs = time.perf_counter() - start
     rows = sum(r.rows_trained for r in reports)
