@@ -203,9 +203,9 @@ class CountMinSketch:
 
     def decay(self, factor: float) -> None:
         """Multiply every counter by ``factor`` (as the rows' show decays)."""
-        touched = self.touched_buckets()
-        if touched.shape[0]:
-            self.counters[touched] *= np.float32(factor)
+        f = np.float32(factor)
+        for b in self.touched_buckets():  # in place, bucket by bucket: no copy of the sketch
+            self.counters[b] *= f
 
     def touched_buckets(self) -> npt.NDArray[np.int64]:
         """Return the buckets with a non-zero counter, ascending."""
@@ -217,9 +217,8 @@ class CountMinSketch:
         touched = self.touched_buckets()
         if touched.shape[0] == 0:
             return 0.0
-        return float(np.count_nonzero(self.counters[touched])) / (
-            touched.shape[0] * DEPTH * self.width
-        )
+        # untouched buckets are all zeros: counting over the whole array needs no copy
+        return float(np.count_nonzero(self.counters)) / (touched.shape[0] * DEPTH * self.width)
 
     def merge(self, buckets: npt.NDArray[np.int64], slices: npt.NDArray[np.float32]) -> None:
         """Take the saved slices ``[len(buckets), DEPTH, width]`` of ``buckets`` (by max)."""

@@ -369,7 +369,10 @@ def test_json_output_is_strict_nan_becomes_null(run_dir, tiny_data, tiny_model, 
     records = [strict_json(line) for line in text.splitlines()]
     assert [r["val_auc"] for r in records if r["event"] == "train"] == [None]
     config = strict_json((run_dir / "out" / "config.json").read_text())
-    assert config["distributed"] == {"timeout_s": 300.0} and config["data"]["on_bad_row"] == "raise"
+    assert (
+        config["distributed"] == {"timeout_s": 300.0, "memory_limit_bytes": None}
+        and config["data"]["on_bad_row"] == "raise"
+    )
 
 
 # --------------------------------------------------------------------------- bad rows, reruns
