@@ -16,12 +16,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tnrec._fileio import StreamFile
 from tnrec._hashing import NUM_BUCKETS, bucket_of
 from tnrec.checkpoint.layout import check_listed_file
 from tnrec.checkpoint.layout import read_manifest as read_ckpt
 from tnrec.errors import ArgumentError, CheckpointError
 from tnrec.export.layout import owned_buckets
+from tnrec.table import SparseTable
 from tnrec.table import files as table_files
+from tnrec.table.stream import npy_header
 
 ROW_ARRAYS = ("keys", "weights", "show", "marker")
 _DTYPES = {"keys": np.int64, "weights": np.float32, "show": np.float32, "marker": np.int32}
@@ -133,3 +136,48 @@ def _bucket_rows(
     lengths = np.where(buckets, np.diff(offsets), 0)  # [1024]
     starts = np.repeat(offsets[:-1] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     return starts + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+# ---------------------------------------------------------------- a live table, streamed
+
+_EXPORT_CHUNK = 1 << 20  # keys a chunk: 8 + 4 * D bytes each in flight
+
+
+def write_table_shard(
+    table: SparseTable, shard: str, min_show: float | None
+) -> tuple[int, str, str]:
+    """Write a live table's ``keys.npy`` (ascending) and ``weights.npy`` into ``shard``,
+    streamed: the sorted keys (8 bytes a key), a keep mask with ``min_show`` (1 byte a
+    key) and one chunk of weights are all it holds beside the table.
+
+    Returns:
+        ``(rows written, sha256 of keys.npy, sha256 of weights.npy)``.
+
+    Raises:
+        WriteError: a file cannot be written (names it).
+    """
+    keys = table.keys()
+    keep = None
+    if min_show is not None:
+        keep = np.empty(keys.shape[0], np.bool_)
+        show_col = table.stats_offset
+        for a in range(0, keys.shape[0], _EXPORT_CHUNK):
+            b = min(keys.shape[0], a + _EXPORT_CHUNK)
+            keep[a:b] = table.read_column(keys[a:b], show_col, 1)[:, 0] >= np.float32(min_show)
+    n = int(keys.shape[0] if keep is None else keep.sum())
+    kf = StreamFile(os.path.join(shard, "keys.npy"))
+    wf = StreamFile(os.path.join(shard, "weights.npy"))
+    try:
+        kf.write(npy_header("i8", (n,)))
+        wf.write(npy_header("f4", (n, table.dim)))
+        for a in range(0, keys.shape[0], _EXPORT_CHUNK):
+            k = keys[a : a + _EXPORT_CHUNK]
+            if keep is not None:
+                k = np.ascontiguousarray(k[keep[a : a + _EXPORT_CHUNK]])
+            kf.write(k.data)
+            wf.write(table.read_column(k, 0, table.dim).data)
+        return n, kf.close(), wf.close()
+    except BaseException:
+        kf.abort()
+        wf.abort()
+        raise

@@ -35,6 +35,7 @@ from tnrec.export.manifest import (
     check_provenance,
     is_number,
 )
+from tnrec.export.rows import write_table_shard
 from tnrec.export.workers import (
     Workers,
     check_new_path,
@@ -162,12 +163,16 @@ def export(
         for name in names:  # one table's rows at a time
             rel = shard_dir(name, workers.rank, workers.world_size, FORMAT_VERSION)
             full = make_shard_dir(tmp, rel)
-            keys, weights = _kept_rows(model, tables, name, min_show)
-            dk = save_npy(os.path.join(full, "keys.npy"), keys)
-            dw = save_npy(os.path.join(full, "weights.npy"), weights)
+            if tables is None:  # a live table: streamed, no copy of its rows
+                n, dk, dw = write_table_shard(model.tables[name], full, min_show)
+            else:
+                keys, weights = _kept_rows(tables, name, min_show)
+                dk = save_npy(os.path.join(full, "keys.npy"), keys)
+                dw = save_npy(os.path.join(full, "weights.npy"), weights)
+                n = keys.shape[0]
+                del keys, weights
             fsync_dir(full)
-            summary += shard_summary([keys.shape[0]], [dk, dw])
-            del keys, weights
+            summary += shard_summary([n], [dk, dw])
         return np.array(summary, np.float64)
 
     def finish(tmp: str, summaries: np.ndarray) -> None:
@@ -213,13 +218,12 @@ def _plan(
 
 
 def _kept_rows(
-    model: Model,
-    tables: dict[str, dict[str, np.ndarray]] | None,
+    tables: dict[str, dict[str, np.ndarray]],
     name: str,
     min_show: float | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One table's keys and weights to export (``int64[n]`` sorted, ``float32[n, D]``)."""
-    given = tables[name] if tables is not None else model.tables[name].rows()
+    """One given table's keys and weights to export (``int64[n]`` sorted, ``float32[n, D]``)."""
+    given = tables[name]
     keys, weights = np.asarray(given["keys"]), np.asarray(given["weights"])
     order = np.argsort(keys, kind="stable")
     keep = order if min_show is None else order[np.asarray(given["show"])[order] >= min_show]

@@ -287,6 +287,29 @@ def gather_records(
 
 
 @nb.njit(nogil=True, cache=True)
+def gather_slots(
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    rows: np.ndarray,
+    start: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Copy slots ``start .. start + W - 1`` of ``rows`` into ``out[n, W]``."""
+    W = out.shape[1]
+    n = rows.shape[0]
+    for i in range(min(n, _PREFETCH_AHEAD)):
+        prefetch_row_r(bases, rows[i], shift, lmask, stride, start + W)
+    for i in range(n):
+        if i + _PREFETCH_AHEAD < n:
+            prefetch_row_r(bases, rows[i + _PREFETCH_AHEAD], shift, lmask, stride, start + W)
+        c = row_f32(bases, rows[i], shift, lmask, stride)
+        for j in range(W):
+            out[i, j] = c[start + j]
+
+
+@nb.njit(nogil=True, cache=True)
 def scatter_records(
     bases: np.ndarray, stride: int, shift: int, lmask: int, rows: np.ndarray, block: np.ndarray
 ) -> None:  # pragma: no cover - compiled

@@ -227,9 +227,26 @@ class SparseTable:
         return self._bucket_rows.copy()
 
     def keys(self) -> Keys:
-        """Return every key, sorted ascending."""
+        """Return every key, sorted ascending (8 bytes a key; sorted in place)."""
         keys, _ = self._entries()
-        return np.sort(keys)
+        keys.sort()
+        return keys
+
+    def read_column(self, keys: Keys, start: int, width: int) -> npt.NDArray[np.float32]:
+        """Return record slots ``start:start+width`` of present ``keys`` (``float32[n, width]``;
+        view int32 slots with ``.view(np.int32)``): a few columns of some rows, no full record.
+
+        Raises:
+            TableKeyError: a key is not in the table.
+        """
+        k = self._check_keys(keys)
+        rws = np.empty(k.shape[0], dtype=np.int32)
+        missing = index.lookup(self._slots, k, rws)
+        if missing:
+            raise TableKeyError(f'Table "{self.name}": {missing} of {k.shape[0]} keys are unknown.')
+        out = np.empty((k.shape[0], width), dtype=np.float32)
+        rows.gather_slots(*self._store.loc, rws, start, out)
+        return out
 
     # ------------------------------------------------------------------ checks
 
