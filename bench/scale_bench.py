@@ -21,10 +21,9 @@ The proof of issue 16: for each key count, in one process per setting,
 * load: the saved files are dropped from the page cache, then a fresh process
   times ``SparseTable.load(dir)``: MB/s, ratio to dd's uncached read rate, the
   process's peak RSS, and the index rebuild time where the table exposes it;
-* export: time and peak RSS of a function of ``tnrec.export`` that writes a
-  bare table's dictionary, where one exists (found by reading the source: a
-  public ``f(table: SparseTable, path, ...)``); otherwise skipped, and the
-  output says so.
+* export: time and peak RSS of writing the table's dictionary shard the way
+  ``model.export`` does (``tnrec.export.rows.write_table_shard``: sorted keys,
+  weights streamed in chunks).
 
 Targets (issue 16): <= 80 bytes per key at 100M keys, save peak <= 1.1x the
 table, save and load >= 60% of the disk's rate. MB = 10^6 bytes, as dd prints.
@@ -52,8 +51,6 @@ is above 1.5 at the start. This file is never collected by pytest.
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import json
 import os
 import re
@@ -338,16 +335,18 @@ def worker_table(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _export(table: Any, fn_name: str, path: str) -> dict[str, Any]:
-    """Time a bare-table dictionary writer ``module:function`` and its peak RSS."""
+    """Time the dictionary-shard writer ``module:function(table, dir, min_show)`` and its
+    peak RSS."""
     import importlib
 
     mod, name = fn_name.split(":")
     try:
         fn = getattr(importlib.import_module(mod), name)
         rss0 = rss_bytes()  # after the import: torch is not the export's memory
+        os.makedirs(path, exist_ok=True)
         with PeakRss() as peak:
             t0 = time.perf_counter()
-            fn(table, path)
+            fn(table, path, None)
             secs = time.perf_counter() - t0
         written = tree_bytes(path) if os.path.isdir(path) else os.path.getsize(path)
         return {
@@ -373,9 +372,7 @@ def worker_load(spec: dict[str, Any]) -> dict[str, Any]:
         secs = time.perf_counter() - t0
     if len(table) != spec["keys"]:
         raise RuntimeError(f"internal error: loaded {len(table)} keys, expected {spec['keys']}")
-    # A public figure only: the table exposes no index rebuild time today.
-    timings = getattr(table, "load_timings", None)
-    index_s = timings.get("index_s") if isinstance(timings, dict) else None
+    index_s = table.load_timings.get("index_s")
     return {
         "load_s": secs,
         "load_index_s": index_s,
@@ -409,35 +406,12 @@ def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 # --------------------------------------------------------------------------- plan
 
 
-def _takes_table_and_path(first: ast.arg, second: ast.arg) -> bool:
-    """Whether a signature reads ``(table: <...Table...>, <...path or dir...>, ...)``."""
-    note = ast.unparse(first.annotation) if first.annotation is not None else ""
-    return (
-        first.arg == "table" and "Table" in note and any(w in second.arg for w in ("path", "dir"))
-    )
+EXPORT_FN = "tnrec.export.rows:write_table_shard"  # what model.export runs per table
 
 
 def find_export_fn() -> tuple[str | None, str]:
-    """Find a public ``f(table: SparseTable, path, ...)`` in ``tnrec.export``.
-
-    Reads the source instead of importing it: ``tnrec.export`` imports torch,
-    and the parent stays small.
-    """
-    spec = importlib.util.find_spec("tnrec")
-    if spec is None or not spec.submodule_search_locations:
-        return None, "tnrec not found"
-    pkg = Path(next(iter(spec.submodule_search_locations))) / "export"
-    for src in sorted(pkg.glob("*.py")):
-        for node in ast.parse(src.read_text()).body:
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                args = node.args.posonlyargs + node.args.args
-                if len(args) >= 2 and _takes_table_and_path(args[0], args[1]):
-                    mod = "tnrec.export" + ("" if src.stem == "__init__" else f".{src.stem}")
-                    return f"{mod}:{node.name}", ""
-    return None, (
-        "export skipped: no function in tnrec.export writes a bare table's dictionary "
-        "(export() takes a whole Model)"
-    )
+    """The function ``model.export`` streams one live table's dictionary shard with."""
+    return EXPORT_FN, ""
 
 
 def shortfall(keys: int, dim: int, dd_max: int, root: str) -> str | None:

@@ -37,6 +37,7 @@ import ctypes
 import ctypes.util
 import os
 import shutil
+import time
 import uuid
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -72,6 +73,7 @@ class TableRows(Protocol):
     policy: EvictionPolicy
     admission: AdmissionPolicy | None
     generation: int
+    load_timings: dict[str, float]
 
     @property
     def sketch(self) -> CountMinSketch | None: ...
@@ -530,7 +532,9 @@ def load_into(
         if ranges is None and not (stream_check and verified is None):
             ranges = [(0, count)]
         keep = _keep(key_filter, buckets if header.get("order") != "bucket" else None, fname)
-        n = stream.read_rows(table, header, cols, ranges, keep)
+        t0 = time.perf_counter()
+        n, index_s = stream.read_rows(table, header, cols, ranges, keep)
+        table.load_timings = {"seconds": time.perf_counter() - t0, "index_s": index_s}
     _load_sketch(table, header, buckets)
     table.generation = max(table.generation, int(header.get("generation", 0)))
     return n

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -298,9 +299,10 @@ def read_rows(
     cols: list[Column],
     ranges: list[tuple[int, int]] | None,
     keep: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None,
-) -> int:
+) -> tuple[int, float]:
     """Insert the saved rows of ``ranges`` (``None``: all, checksums checked as they stream by)
-    that ``keep`` accepts into ``table``; return how many were inserted."""
+    that ``keep`` accepts into ``table``; return how many were inserted and the seconds spent
+    inserting keys into the index (reserving it included)."""
     d, n = header["_dir"], int(header["count"])
     hashing = ranges is None
     spans = [(0, n)] if ranges is None else ranges
@@ -312,17 +314,19 @@ def read_rows(
         for c in cols:
             f = f"{c.name}.npy"
             readers[c.name] = _Reader(os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing)
+        t0 = time.perf_counter()
         table.reserve(sum(b - a for a, b in spans))
+        index_s = [time.perf_counter() - t0]
         stride = max(c.start + c.width for c in cols)
         done = 0
         for lo, hi in spans:
             for a, b in _chunks(hi - lo, stride):
-                done += _read_chunk(table, readers, cols, lo + a, lo + b, keep)
+                done += _read_chunk(table, readers, cols, lo + a, lo + b, keep, index_s)
         if hashing:
             fname = os.path.join(d, "table.json")
             for name, r in readers.items():
                 r.finish(header["files"][f"{name}.npy"], fname)
-        return done
+        return done, index_s[0]
     finally:
         for r in readers.values():
             r.close()
@@ -335,15 +339,19 @@ def _read_chunk(
     a: int,
     b: int,
     keep: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None,
+    index_s: list[float],
 ) -> int:
-    """Read rows ``[a, b)`` column by column straight into the table's rows."""
+    """Read rows ``[a, b)`` column by column straight into the table's rows (the time spent
+    in the index is added to ``index_s[0]``)."""
     m = b - a
     keys = np.empty(m, np.int64)
     readers["keys"].read(a, b, keys)
     sel = keep(keys) if keep is not None else None
     if sel is not None:
         keys = keys[sel]
+    t0 = time.perf_counter()
     rws = table.rows_for(keys)
+    index_s[0] += time.perf_counter() - t0
     for c in cols:
         part = np.empty((m, c.width), np.float32 if c.dtype == "f4" else np.int32)
         readers[c.name].read(a, b, part)

@@ -155,6 +155,8 @@ class SparseTable:
         # Cumulative since the table was built: keys given a row by admission,
         # training pulls of keys refused a row, rows evicted by the cap.
         self.counters = {"keys_admitted": 0, "keys_refused": 0, "keys_evicted_cap": 0}
+        # The last streamed load's wall time and the part spent inserting into the index.
+        self.load_timings: dict[str, float] = {}
 
     # ------------------------------------------------------------------ info
 
