@@ -11,9 +11,10 @@ the disk and the gathering overlap. Memory beyond the table: the slot order
 plus two chunks.
 
 A load reads the column files in the same chunks (``readinto``, no memory
-map, so an uncached file is read sequentially at the disk's rate), builds
-each chunk's records and inserts them; the table reserves its index and row
-chunks for the whole count first, so nothing is rehashed as rows arrive.
+map, so an uncached file is read sequentially at the disk's rate) on a reader
+thread, while the previous chunk's keys are inserted and its columns written
+straight into their rows; the table reserves its index and row chunks for the
+whole count first, so nothing is rehashed as rows arrive.
 Read whole, each file's sha256 is checked as it streams by and compared at
 the end; read by bucket (another number of workers), the files are verified
 first, then only the selected buckets' byte ranges are read.
@@ -302,7 +303,10 @@ def read_rows(
 ) -> tuple[int, float]:
     """Insert the saved rows of ``ranges`` (``None``: all, checksums checked as they stream by)
     that ``keep`` accepts into ``table``; return how many were inserted and the seconds spent
-    inserting keys into the index (reserving it included)."""
+    inserting keys into the index (reserving it included).
+
+    A reader thread reads (and hashes) chunk ``i + 1`` while chunk ``i`` is inserted.
+    """
     d, n = header["_dir"], int(header["count"])
     hashing = ranges is None
     spans = [(0, n)] if ranges is None else ranges
@@ -316,47 +320,48 @@ def read_rows(
             readers[c.name] = _Reader(os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing)
         t0 = time.perf_counter()
         table.reserve(sum(b - a for a, b in spans))
-        index_s = [time.perf_counter() - t0]
+        index_s = time.perf_counter() - t0
         stride = max(c.start + c.width for c in cols)
+        chunks = [(lo + a, lo + b) for lo, hi in spans for a, b in _chunks(hi - lo, stride)]
         done = 0
-        for lo, hi in spans:
-            for a, b in _chunks(hi - lo, stride):
-                done += _read_chunk(table, readers, cols, lo + a, lo + b, keep, index_s)
+        with ThreadPoolExecutor(1, thread_name_prefix="tnrec-load") as pool:
+            ahead = pool.submit(_read_chunk, readers, cols, *chunks[0]) if chunks else None
+            for i in range(len(chunks)):
+                keys, parts = ahead.result()  # type: ignore[union-attr]
+                if i + 1 < len(chunks):
+                    ahead = pool.submit(_read_chunk, readers, cols, *chunks[i + 1])
+                sel = keep(keys) if keep is not None else None
+                if sel is not None:
+                    keys, parts = keys[sel], [p[sel] for p in parts]
+                t0 = time.perf_counter()
+                rws = table.rows_for(keys)
+                index_s += time.perf_counter() - t0
+                for c, part in zip(cols, parts, strict=True):
+                    table.write_column(rws, c.start, part)
+                done += int(keys.shape[0])
         if hashing:
             fname = os.path.join(d, "table.json")
             for name, r in readers.items():
-                r.finish(header["files"][f"{name}.npy"], fname)
-        return done, index_s[0]
+                r.finish(sums[f"{name}.npy"], fname)
+        return done, index_s
     finally:
         for r in readers.values():
             r.close()
 
 
 def _read_chunk(
-    table: RowSink,
-    readers: dict[str, _Reader],
-    cols: list[Column],
-    a: int,
-    b: int,
-    keep: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None,
-    index_s: list[float],
-) -> int:
-    """Read rows ``[a, b)`` column by column straight into the table's rows (the time spent
-    in the index is added to ``index_s[0]``)."""
+    readers: dict[str, _Reader], cols: list[Column], a: int, b: int
+) -> tuple[npt.NDArray[np.int64], list[np.ndarray]]:
+    """Read rows ``[a, b)``: the keys and each column's block."""
     m = b - a
     keys = np.empty(m, np.int64)
     readers["keys"].read(a, b, keys)
-    sel = keep(keys) if keep is not None else None
-    if sel is not None:
-        keys = keys[sel]
-    t0 = time.perf_counter()
-    rws = table.rows_for(keys)
-    index_s[0] += time.perf_counter() - t0
+    parts = []
     for c in cols:
         part = np.empty((m, c.width), np.float32 if c.dtype == "f4" else np.int32)
         readers[c.name].read(a, b, part)
-        table.write_column(rws, c.start, part[sel] if sel is not None else part)
-    return int(keys.shape[0])
+        parts.append(part)
+    return keys, parts
 
 
 def bucket_ranges(

@@ -772,6 +772,8 @@ class SparseTable:
     def rows_for(self, keys: Keys) -> npt.NDArray[np.int32]:
         """Return the row of each of ``keys`` (unique int64), inserting absent ones with rows
         left as they are: for loaders that write every slot of them next."""
+        if self._count == 0:  # a load into an empty table: every key is new, no lookup
+            return self._insert(keys, initialise=False)
         rws = np.empty(keys.shape[0], dtype=np.int32)
         index.lookup(self._slots, keys, rws)
         absent = np.flatnonzero(rws < 0)
