@@ -23,11 +23,12 @@ import numba as nb
 import numpy as np
 
 from tnrec._hashing import mix64_scalar
-from tnrec.table._llvm import _i32_ptr
+from tnrec.table._llvm import _i32_ptr, _prefetch_w
 
 MAX_LOAD_NUM = 3  # the index grows when count would exceed capacity * 3 / 4
 MAX_LOAD_DEN = 4
 MIN_CAPACITY = 1024
+_AHEAD = 16  # keys whose home slot is prefetched ahead of the insert
 
 
 def max_count(capacity: int) -> int:
@@ -151,7 +152,15 @@ def insert_missing(
     """
     created = 0
     n = keys.shape[0]
+    mask = slots.shape[0] - 1
+    base = slots.ctypes.data
+    for i in range(start, min(n, start + _AHEAD)):
+        _prefetch_w(base + _home(keys[i], mask) * 12)
     for i in range(start, n):
+        if i + _AHEAD < n:  # the home slot of a key ahead: index misses overlap
+            a = base + _home(keys[i + _AHEAD], mask) * 12
+            _prefetch_w(a)
+            _prefetch_w(a + 11)
         key = keys[i]
         s = probe(slots, key)
         r = slots[s, 2]
