@@ -84,7 +84,17 @@ def test_a_config_json_written_before_the_dataclasses_reads_back(tmp_path):
     path.write_text(json.dumps(OLD_CONFIG_JSON))
     cfg = load_config(path)
     assert cfg.model.name == "widedeep" and cfg.data.train_days == ["2024-05-10"]
-    assert cfg.to_dict() == OLD_CONFIG_JSON
+    # keys added since read back as their defaults; every old key is kept as it was
+    want = json.loads(json.dumps(OLD_CONFIG_JSON))
+    want["eviction"].update(max_rows=None, low_water=0.95)
+    want["distributed"]["memory_limit_bytes"] = None
+    want["admission"] = {
+        "min_show": None,
+        "probability": None,
+        "sketch_bytes": 16 << 20,
+        "read_unadmitted": "zeros",
+    }
+    assert cfg.to_dict() == want
     assert load_config(path, output_dir="/elsewhere").output_dir == "/elsewhere"
     again = tmp_path / "again.json"
     again.write_text(json.dumps(cfg.to_dict()))
@@ -96,7 +106,8 @@ def test_key_digests_name_every_leaf_key_in_a_fixed_order():
     keys = [k for k, _ in key_digests(cfg)]
     assert keys[:5] == ["seed", "output_dir", "columns", "model.name", "model.embedding_dim"]
     assert "optimizer.sparse" in keys and "optimizer" not in keys and "data" not in keys
-    assert keys[-2:] == ["distributed.timeout_s", "model_dir"] and len(keys) == 35
+    assert keys[-2:] == ["distributed.memory_limit_bytes", "model_dir"] and len(keys) == 42
+    assert "admission.min_show" in keys and "eviction.max_rows" in keys
 
 
 @pytest.mark.parametrize(
@@ -130,7 +141,7 @@ def test_key_digests_name_every_leaf_key_in_a_fixed_order():
             {"model": 3}, r'"model" must be a table \(\[model\]\). Received: 3.', id="section"
         ),
         pytest.param(
-            {"source": "x"}, r'unknown key "source". Valid keys here: checkpoint, col', id="source"
+            {"source": "x"}, r'unknown key "source". Valid keys here: admission, checkpoint, col', id="source"
         ),
     ],
 )
