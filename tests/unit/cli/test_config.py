@@ -141,7 +141,9 @@ def test_key_digests_name_every_leaf_key_in_a_fixed_order():
             {"model": 3}, r'"model" must be a table \(\[model\]\). Received: 3.', id="section"
         ),
         pytest.param(
-            {"source": "x"}, r'unknown key "source". Valid keys here: admission, checkpoint, col', id="source"
+            {"source": "x"},
+            r'unknown key "source". Valid keys here: admission, checkpoint, col',
+            id="source",
         ),
     ],
 )
@@ -161,3 +163,38 @@ def test_the_module_doc_lists_every_key():
             documented.add(section + m.group(1))
     keys = {k for k, _ in key_digests(RunConfig("/r/run.toml"))} - {"model_dir"}
     assert documented == keys
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ({"admission": {"min_show": 0.0}}, r"admission: AdmissionPolicy: `min_show` must be"),
+        ({"admission": {"probability": 2.0}}, r"admission: .*`probability` must be in \(0, 1\]"),
+        ({"admission": {"min_show": 2.0, "sketch_bytes": 10}}, r"admission: .*sketch_bytes"),
+        ({"admission": {"min_show": 2.0, "read_unadmitted": "x"}}, r"read_unadmitted"),
+        ({"eviction": {"max_rows": 100}}, r"eviction: .*`max_rows` must be an int >= 1024"),
+        ({"eviction": {"max_rows": 4096, "low_water": 1.5}}, r"eviction: .*`low_water`"),
+        ({"distributed": {"memory_limit_bytes": 0}}, r'"distributed.memory_limit_bytes" must be'),
+    ],
+)
+def test_bad_admission_cap_and_memory_limit_values_name_the_section(doc, match):
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict({"data": {"train": "a"}, **doc}, "/r/run.toml")
+
+
+def test_admission_cap_and_memory_limit_build_the_policies():
+    cfg = config_from_dict(
+        {
+            "data": {"train": "a"},
+            "admission": {"min_show": 3, "read_unadmitted": "init"},
+            "eviction": {"max_rows": 2048, "low_water": 0.5},
+            "distributed": {"memory_limit_bytes": 1 << 30},
+        },
+        "/r/run.toml",
+    )
+    adm = config.make_admission(cfg)
+    assert (adm.min_show, adm.probability, adm.read_unadmitted) == (3.0, None, "init")
+    pol = config.make_policy(cfg)
+    assert (pol.max_rows, pol.low_water) == (2048, 0.5)
+    assert cfg.distributed.memory_limit_bytes == 1 << 30
+    assert config.make_admission(config_from_dict({"data": {"train": "a"}}, "/r/x.toml")) is None
