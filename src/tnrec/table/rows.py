@@ -310,19 +310,6 @@ def gather_slots(
 
 
 @nb.njit(nogil=True, cache=True)
-def scatter_records(
-    bases: np.ndarray, stride: int, shift: int, lmask: int, rows: np.ndarray, block: np.ndarray
-) -> None:  # pragma: no cover - compiled
-    """Write whole records ``block[n, stride]`` into ``rows``."""
-    W = block.shape[1]
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        c = row_f32(bases, r, shift, lmask, stride)
-        for j in range(W):
-            c[j] = block[i, j]
-
-
-@nb.njit(nogil=True, cache=True)
 def scatter_column(
     bases: np.ndarray,
     stride: int,

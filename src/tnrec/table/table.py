@@ -758,7 +758,7 @@ class SparseTable:
             raise RuntimeError("internal error: write_records got a block of the wrong shape")
         rws = self.rows_for(k)
         st = self._store
-        rows.scatter_records(*st.loc, rws, np.ascontiguousarray(rec))
+        rows.scatter_column(*st.loc, rws, 0, np.ascontiguousarray(rec))
 
     def write_bucket_files(
         self, directory: str, lo: int, hi: int
