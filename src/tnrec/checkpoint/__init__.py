@@ -11,8 +11,8 @@ Layout::
         dense.pt                   dense parameters + dense optimizer state (torch.save of
                                    tensors and numbers; read back with weights_only=True)
         workers/rank-<r>.json      worker r's input position and RNG state
-        sparse/<table>/part-<r>-of-<W>/   worker r's shard: .npy files sorted by (bucket,
-                                   key) with bucket offsets, its own table.json + sha256s
+        sparse/<table>/part-<r>-of-<W>/   worker r's shard: .npy files grouped by bucket
+                                   with bucket offsets (streamed), its own table.json + sha256s
 
 Saving: every worker writes into ``<dt>/.tmp-<generation>``, fsyncs, then a
 barrier; rank 0 checks that every part is there, writes the manifest, renames

@@ -1,7 +1,7 @@
 """A checkpoint's rows as the exporting worker reads them: only the buckets it owns.
 
 A checkpoint written by W' workers holds, per table, one part per worker,
-its rows sorted by ``(bucket, key)`` with ``bucket_offsets.npy``
+its rows grouped by bucket with ``bucket_offsets.npy``
 (:func:`tnrec.table.files.save` with ``order="bucket"``). Worker ``r`` of W
 exports the buckets ``b % W == r``: it opens only the parts that hold some of
 them (part ``p`` of W' holds ``b % W' == p``) and copies only those buckets'

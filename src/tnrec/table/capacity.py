@@ -75,31 +75,46 @@ def _candidates(
     shift: int,
     lmask: int,
     base: int,
-    over: np.ndarray,
+    buckets: np.ndarray,
     protected: np.ndarray,
     out_keys: np.ndarray,
     out_bucket: np.ndarray,
     out_show: np.ndarray,
     out_unseen: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
-    """Collect every unprotected row of the buckets flagged in ``over``; return how many."""
+    """Collect every unprotected row of ``buckets``; return how many.
+
+    A key of bucket ``b`` has ``mix64(key) % 1024 == b`` and its home slot is
+    ``mix64(key) & (C - 1)``, so its home is one of the slots ``b + 1024 j``
+    and, by linear probing, it sits in the occupied run that continues from
+    there. Walking from each such slot until an empty slot or the next one
+    (``1024`` slots on) meets every key of ``b`` exactly once: about ``C /
+    1024`` short runs per bucket instead of the whole index.
+    """
     n = 0
+    C = slots.shape[0]
+    mask = C - 1
     nb_ = np.uint64(NUM_BUCKETS)
-    for s in range(slots.shape[0]):
-        r = slots[s, 2]
-        if r < 0 or protected[r >> 3] & np.uint8(1 << (r & 7)):
-            continue
-        key = slot_key(slots, s)
-        b = int(mix64_scalar(np.uint64(key)) % nb_)
-        if not over[b]:
-            continue
-        c = row_f32(bases, r, shift, lmask, stride)
-        ci = row_i32(bases, r, shift, lmask, stride)
-        out_keys[n] = key
-        out_bucket[n] = b
-        out_show[n] = c[base]
-        out_unseen[n] = ci[base + 2]
-        n += 1
+    for bi in range(buckets.shape[0]):
+        b = buckets[bi]
+        for start in range(b, C, NUM_BUCKETS):
+            for step in range(NUM_BUCKETS):
+                s = (start + step) & mask
+                r = slots[s, 2]
+                if r < 0:
+                    break
+                if protected[r >> 3] & np.uint8(1 << (r & 7)):
+                    continue
+                key = slot_key(slots, s)
+                if int(mix64_scalar(np.uint64(key)) % nb_) != b:
+                    continue
+                c = row_f32(bases, r, shift, lmask, stride)
+                ci = row_i32(bases, r, shift, lmask, stride)
+                out_keys[n] = key
+                out_bucket[n] = b
+                out_show[n] = c[base]
+                out_unseen[n] = ci[base + 2]
+                n += 1
     return n
 
 
@@ -123,7 +138,8 @@ def select_cap_victims(
     bucket = np.empty(n, np.int64)
     show = np.empty(n, np.float32)
     unseen = np.empty(n, np.int32)
-    m = _candidates(slots, *store.loc, base, over, store.bitmap, keys, bucket, show, unseen)
+    which = np.flatnonzero(over)
+    m = _candidates(slots, *store.loc, base, which, store.bitmap, keys, bucket, show, unseen)
     keys, bucket, show, unseen = keys[:m], bucket[:m], show[:m], unseen[:m]
     order = np.lexsort((keys, -unseen.astype(np.int64), show, bucket))
     bucket = bucket[order]

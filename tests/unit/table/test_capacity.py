@@ -114,3 +114,22 @@ def test_strategy_memory_limit_reaches_the_tables():
             ps.pull({"u": np.arange(50_000, dtype=np.int64)}, True)
     finally:
         s.shutdown()
+
+
+def test_the_bucket_walk_finds_exactly_the_rows_of_the_buckets_over_their_share():
+    from tnrec.table import capacity
+
+    t = SparseTable(1, SGD(0.1), name="w")
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(-(1 << 62), 1 << 62, 60_000)).astype(np.int64)
+    t.pull(keys)
+    t.delete(keys[::5])  # backward shifts: runs that were moved
+    live = t.keys()
+    b = bucket_of(live)
+    over = np.zeros(1024, bool)
+    over[[0, 3, 511, 1023]] = True
+    excess = np.where(over, 10**9, 0)  # take every candidate
+    got = capacity.select_cap_victims(
+        t._slots, t._store, t.stats_offset, t.bucket_rows(), over, excess
+    )
+    np.testing.assert_array_equal(np.sort(got), live[over[b]])
