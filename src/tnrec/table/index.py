@@ -273,3 +273,90 @@ def count_duplicates(keys: np.ndarray) -> int:  # pragma: no cover - compiled
             used[s] = True
             seen_keys[s] = key
     return dups
+
+
+# ---------------------------------------------------------------- inserting keys known to be new
+
+REGIONS = 16  # fixed, so the layout an insert leaves does not depend on the thread count
+
+
+@nb.njit(nogil=True, cache=True)
+def group_by_region(
+    keys: np.ndarray, mask: int, shift: int, order: np.ndarray, starts: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """Counting sort: ``order`` lists the positions of ``keys`` grouped by the region of their
+    home slot (``home >> shift``, ``REGIONS`` regions), stable; ``starts[r]`` is region ``r``'s
+    first position (``starts[REGIONS] = len(keys)``)."""
+    counts = np.zeros(REGIONS + 1, np.int64)
+    for i in range(keys.shape[0]):
+        counts[(_home(keys[i], mask) >> shift) + 1] += 1
+    for r in range(REGIONS):
+        counts[r + 1] += counts[r]
+    starts[:] = counts
+    at = counts[:REGIONS].copy()
+    for i in range(keys.shape[0]):
+        g = _home(keys[i], mask) >> shift
+        order[at[g]] = i
+        at[g] += 1
+
+
+@nb.njit(nogil=True, cache=True)
+def insert_new_regions(
+    slots: np.ndarray,
+    keys: np.ndarray,
+    order: np.ndarray,
+    starts: np.ndarray,
+    r0: int,
+    r1: int,
+    shift: int,
+    first_row: int,
+    deferred: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """Insert the keys of regions ``[r0, r1)``: key ``i`` gets row ``first_row + i``.
+
+    A probe never leaves its region: a key whose run reaches the region's end
+    is marked in ``deferred`` for :func:`insert_new_serial`, so threads given
+    disjoint regions never touch the same slot. Returns the number of keys
+    found already present (duplicates: an error for the caller).
+    """
+    mask = slots.shape[0] - 1
+    base = slots.ctypes.data
+    dups = 0
+    lo_t, hi_t = starts[r0], starts[r1]
+    for t in range(lo_t, hi_t):
+        if t + _AHEAD < hi_t:
+            _prefetch_w(base + _home(keys[order[t + _AHEAD]], mask) * 12)
+        i = order[t]
+        key = keys[i]
+        s = _home(key, mask)
+        end = ((s >> shift) + 1) << shift
+        lo, hi = key_lo(key), key_hi(key)
+        while True:
+            if slots[s, 2] < 0:
+                set_slot(slots, s, key, first_row + i)
+                break
+            if slots[s, 0] == lo and slots[s, 1] == hi:
+                dups += 1
+                break
+            s += 1
+            if s >= end:
+                deferred[i] = True
+                break
+    return dups
+
+
+@nb.njit(nogil=True, cache=True)
+def insert_new_serial(
+    slots: np.ndarray, keys: np.ndarray, first_row: int, deferred: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """Insert the ``deferred`` keys (probing across regions); return the duplicates found."""
+    dups = 0
+    for i in range(keys.shape[0]):
+        if not deferred[i]:
+            continue
+        s = probe(slots, keys[i])
+        if slots[s, 2] >= 0:
+            dups += 1
+        else:
+            set_slot(slots, s, keys[i], first_row + i)
+    return dups

@@ -50,7 +50,9 @@ class RowSink(Protocol):
 
     def reserve(self, n: int) -> None: ...
 
-    def rows_for(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]: ...
+    def __len__(self) -> int: ...
+
+    def rows_for(self, keys: npt.NDArray[np.int64], new: bool = False) -> npt.NDArray[np.int32]: ...
 
     def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None: ...
 
@@ -318,6 +320,7 @@ def read_rows(
         for c in cols:
             f = f"{c.name}.npy"
             readers[c.name] = _Reader(os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing)
+        fresh = len(table) == 0  # a file's keys are unique: into an empty table all are new
         t0 = time.perf_counter()
         table.reserve(sum(b - a for a, b in spans))
         index_s = time.perf_counter() - t0
@@ -334,7 +337,7 @@ def read_rows(
                 if sel is not None:
                     keys, parts = keys[sel], [p[sel] for p in parts]
                 t0 = time.perf_counter()
-                rws = table.rows_for(keys)
+                rws = table.rows_for(keys, new=fresh)
                 index_s += time.perf_counter() - t0
                 for c, part in zip(cols, parts, strict=True):
                     table.write_column(rws, c.start, part)

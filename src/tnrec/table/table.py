@@ -432,6 +432,51 @@ class SparseTable(RowAccess):
         """
         self._reserve(int(n))
 
+    def _insert_new(self, keys: Keys) -> npt.NDArray[np.int32]:
+        """Insert ``keys``, all absent and unique (a load into a table that was empty), into
+        uninitialised rows; return their rows (``next_row + i`` for key ``i``).
+
+        The keys are grouped by the region of the index their home slot is in
+        (16 fixed regions) and the regions are filled by several threads at once;
+        keys whose probe would leave their region go in afterwards, in one thread.
+
+        Raises:
+            TableKeyError: a key repeats or is already present (a damaged file).
+        """
+        n = keys.shape[0]
+        st = self._store
+        self._reserve(n)
+        if st.free_top or self._count + n > index.max_count(self._slots.shape[0]):
+            raise RuntimeError("internal error: _insert_new needs reserved, never-used rows")
+        slots, first = self._slots, st.next_row
+        shift = (self._slots.shape[0] // index.REGIONS).bit_length() - 1
+        order = np.empty(n, np.int64)
+        starts = np.empty(index.REGIONS + 1, np.int64)
+        index.group_by_region(keys, slots.shape[0] - 1, shift, order, starts)
+        deferred = np.zeros(n, np.bool_)
+        k = min(threads.get_num_threads(), index.REGIONS) if n >= threads.MIN_SLICE else 1
+        step = -(-index.REGIONS // k)
+        parts = [(r, min(r + step, index.REGIONS)) for r in range(0, index.REGIONS, step)]
+        dups = sum(
+            threads.run(
+                parts,
+                lambda r0, r1: index.insert_new_regions(
+                    slots, keys, order, starts, r0, r1, shift, first, deferred
+                ),
+            )
+        )
+        dups += index.insert_new_serial(slots, keys, first, deferred)
+        if dups:
+            raise TableKeyError(
+                f'Table "{self.name}": {dups} key(s) of a load repeat or are already present; '
+                "the index is no longer usable. Load into a new table."
+            )
+        self._key_version += 1
+        capacity.bucket_counts(keys, self._bucket_rows, 1)
+        self._count += n
+        st.next_row += n
+        return np.arange(first, first + n, dtype=np.int32)
+
     def _reserve(self, n: int) -> None:
         """Allocate what ``n`` new keys need (index, row chunks), checking the memory budget
         first: on :class:`~tnrec.errors.MemoryLimitError` nothing has changed."""

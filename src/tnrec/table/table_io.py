@@ -45,6 +45,8 @@ class RowAccess:
 
         def _insert(self, keys: Keys, initialise: bool = True) -> npt.NDArray[np.int32]: ...
 
+        def _insert_new(self, keys: Keys) -> npt.NDArray[np.int32]: ...
+
     # ------------------------------------------------------------------ whole rows
 
     def _entries(self) -> tuple[Keys, npt.NDArray[np.int32]]:
@@ -125,11 +127,16 @@ class RowAccess:
         cols = stream.columns(self.dim, self.optimizer.state_arrays(self.dim))
         return offsets, stream.write_columns(self._slots, self._store, directory, order, cols)
 
-    def rows_for(self, keys: Keys) -> npt.NDArray[np.int32]:
+    def rows_for(self, keys: Keys, new: bool = False) -> npt.NDArray[np.int32]:
         """Return the row of each of ``keys`` (unique int64), inserting absent ones with rows
-        left as they are: for loaders that write every slot of them next."""
-        if self._count == 0:  # a load into an empty table: every key is new, no lookup
-            return self._insert(keys, initialise=False)
+        left as they are: for loaders that write every slot of them next.
+
+        ``new``: the caller knows every key is absent (a load into a table that
+        was empty, no evicted rows): they are inserted without a lookup, by
+        several threads (:meth:`SparseTable._insert_new`).
+        """
+        if new and self._store.free_top == 0:
+            return self._insert_new(keys)
         rws = np.empty(keys.shape[0], dtype=np.int32)
         index.lookup(self._slots, keys, rws)
         absent = np.flatnonzero(rws < 0)

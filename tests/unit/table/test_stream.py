@@ -152,3 +152,68 @@ def test_a_streamed_save_grows_memory_by_a_bounded_share_of_the_table(tmp_path):
     assert growth < 0.3 * table_bytes, (growth, table_bytes)
     loaded = np.load(tmp_path / "big" / "keys.npy", mmap_mode="r")
     assert loaded.shape == (3_000_000,)
+
+
+def test_a_load_into_an_empty_table_inserts_by_region_and_finds_every_key(tmp_path):
+    from tnrec.table import set_num_threads
+    from tnrec.table.threads import get_num_threads
+
+    t = trained(SGD(0.1), n=60_000)
+    t.save(tmp_path / "t", order="bucket")
+    keys = t.keys()
+    before = get_num_threads()
+    layouts = []
+    try:
+        for threads in (1, 2, 3):
+            set_num_threads(threads)
+            got = SparseTable.load(tmp_path / "t")
+            np.testing.assert_array_equal(got.keys(), keys)
+            np.testing.assert_array_equal(got.pull(keys, create=False), t.pull(keys, create=False))
+            assert got.bucket_rows().tolist() == t.bucket_rows().tolist()
+            layouts.append(got._slots.copy())
+    finally:
+        set_num_threads(before)
+    for other in layouts[1:]:  # 16 fixed regions: the same index on any thread count
+        np.testing.assert_array_equal(other, layouts[0])
+    # one big insert, cut over threads by region: the same index again
+    big = []
+    try:
+        for threads in (1, 2):
+            set_num_threads(threads)
+            fresh = SparseTable(3, SGD(0.1), name="s", seed=2)
+            rws = fresh.rows_for(keys, new=True)
+            np.testing.assert_array_equal(rws, np.arange(keys.shape[0]))
+            big.append(fresh._slots.copy())
+    finally:
+        set_num_threads(before)
+    np.testing.assert_array_equal(big[1], big[0])
+    np.testing.assert_array_equal(fresh.keys(), keys)
+    # deletes (backward shift) and inserts keep working on a table built this way
+    assert got.delete(keys[::3]) == keys[::3].shape[0]
+    np.testing.assert_array_equal(got.keys(), np.setdiff1d(keys, keys[::3]))
+    got.pull(keys)
+    np.testing.assert_array_equal(got.keys(), keys)
+
+
+def test_keys_that_repeat_are_refused_by_the_region_insert():
+    from tnrec.errors import TableKeyError
+
+    t = trained(SGD(0.1), n=5000)
+    fresh = SparseTable(3, SGD(0.1), name="s", seed=2)
+    keys = t.keys()
+    with pytest.raises(TableKeyError, match="repeat or are already present"):
+        fresh.rows_for(np.concatenate([keys[:10], keys[:10]]), new=True)
+
+
+def test_keys_whose_probe_crosses_a_region_end_are_inserted_afterwards():
+    keys = np.arange(-350, 350, dtype=np.int64) * 7919  # 700 keys in 1024 slots: long runs
+    t = SparseTable(2, SGD(0.1), name="r")
+    rws = t.rows_for(keys, new=True)
+    assert t._slots.shape[0] == 1024  # 16 regions of 64 slots, runs cross their ends
+    np.testing.assert_array_equal(np.sort(rws), np.arange(700))
+    np.testing.assert_array_equal(t.keys(), np.sort(keys))
+    got = np.empty(700, np.int32)
+    from tnrec.table import index
+
+    assert index.lookup(t._slots, keys, got) == 0
+    np.testing.assert_array_equal(got, rws)
