@@ -252,6 +252,17 @@ def entries(
 
 
 @nb.njit(nogil=True, cache=True)
+def entry_keys(slots: np.ndarray, out_keys: np.ndarray) -> int:  # pragma: no cover - compiled
+    """Copy every key of the index to ``out_keys``; return how many."""
+    n = 0
+    for s in range(slots.shape[0]):
+        if slots[s, 2] >= 0:
+            out_keys[n] = slot_key(slots, s)
+            n += 1
+    return n
+
+
+@nb.njit(nogil=True, cache=True)
 def count_duplicates(keys: np.ndarray) -> int:  # pragma: no cover - compiled
     """Return how many entries of ``keys`` repeat an earlier one (batch-local hash set)."""
     n = keys.shape[0]

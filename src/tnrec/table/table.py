@@ -229,7 +229,10 @@ class SparseTable(RowAccess):
 
     def keys(self) -> Keys:
         """Return every key, sorted ascending (8 bytes a key; sorted in place)."""
-        keys, _ = self._entries()
+        keys = np.empty(self._count, dtype=np.int64)
+        n = index.entry_keys(self._slots, keys)
+        if n != self._count:
+            raise RuntimeError(f"internal error: index holds {n} keys, count says {self._count}")
         keys.sort()
         return keys
 
