@@ -62,9 +62,9 @@ class AdmissionPolicy:
             (a fixed share of the key space); ``None``: no probability test.
             With both set a key must pass both.
         sketch_bytes: memory of the count-min sketch per table and worker
-            (split over the 1024 buckets; a worker touches only its own
-            buckets' slices, so its resident share is about
-            ``sketch_bytes / W``). Unused without ``min_show``.
+            (split over the 1024 buckets; a worker writes only its own
+            buckets' slices, but they are interleaved with the others', so
+            count all of it as resident). Unused without ``min_show``.
         read_unadmitted: what a training pull returns for a key without a row:
             ``"zeros"`` (default) or ``"init"`` (the initial vector it would get).
 
@@ -150,9 +150,10 @@ def _estimate(
 
 @nb.njit(nogil=True, cache=True)
 def _add(
-    counters: np.ndarray, keys: np.ndarray, show: np.ndarray, salt: np.uint64
+    counters: np.ndarray, keys: np.ndarray, show: np.ndarray, salt: np.uint64, touched: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    """Conservative update, order-independent: estimates first, then ``max`` raises."""
+    """Conservative update, order-independent: estimates first, then ``max`` raises; marks
+    the keys' buckets in ``touched``."""
     W = counters.shape[2]
     n = keys.shape[0]
     target = np.empty(n, dtype=np.float32)
@@ -163,6 +164,7 @@ def _add(
         b, c0, c1 = _cells(keys[i], salt, W)
         counters[b, 0, c0] = max(counters[b, 0, c0], target[i])
         counters[b, 1, c1] = max(counters[b, 1, c1], target[i])
+        touched[b] = True
 
 
 @nb.njit(nogil=True, cache=True)
@@ -176,18 +178,19 @@ def _passes(
 class CountMinSketch:
     """Per-bucket count-min sketch: ``float32[NUM_BUCKETS, DEPTH, width]`` counters.
 
-    The array is allocated zeroed and untouched pages cost no memory, so a
-    worker's resident share is its own buckets' slices.
+    The buckets ever written are tracked (``touched``): decay, fill and
+    saves visit only those slices.
     """
 
     def __init__(self, width: int, table_seed: np.uint64) -> None:
         self.width = int(width)
         self.salt = np.uint64(mix64_scalar(np.uint64(table_seed) ^ _SKETCH_SALT))
         self.counters = np.zeros((NUM_BUCKETS, DEPTH, self.width), dtype=np.float32)
+        self.touched = np.zeros(NUM_BUCKETS, dtype=np.bool_)  # buckets ever written
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated (virtual; resident only where touched)."""
+        """Bytes allocated."""
         return int(self.counters.nbytes)
 
     def estimate(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
@@ -199,7 +202,8 @@ class CountMinSketch:
     def add(self, keys: npt.NDArray[np.int64], show: npt.NDArray[np.float32]) -> None:
         """Add ``show[i]`` to key ``keys[i]`` (keys unique)."""
         if keys.shape[0]:
-            _add(self.counters, keys, np.ascontiguousarray(show, dtype=np.float32), self.salt)
+            show32 = np.ascontiguousarray(show, dtype=np.float32)
+            _add(self.counters, keys, show32, self.salt, self.touched)
 
     def decay(self, factor: float) -> None:
         """Multiply every counter by ``factor`` (as the rows' show decays)."""
@@ -208,23 +212,23 @@ class CountMinSketch:
             self.counters[b] *= f
 
     def touched_buckets(self) -> npt.NDArray[np.int64]:
-        """Return the buckets with a non-zero counter, ascending."""
-        flat = self.counters.reshape(NUM_BUCKETS, -1)
-        return np.flatnonzero(flat.any(axis=1))
+        """Return the buckets whose slice was ever written, ascending."""
+        return np.flatnonzero(self.touched)
 
     def fill(self) -> float:
         """Return the share of non-zero counters among the touched buckets (0 when none)."""
         touched = self.touched_buckets()
         if touched.shape[0] == 0:
             return 0.0
-        # untouched buckets are all zeros: counting over the whole array needs no copy
-        return float(np.count_nonzero(self.counters)) / (touched.shape[0] * DEPTH * self.width)
+        nonzero = sum(int(np.count_nonzero(self.counters[b])) for b in touched)  # views
+        return nonzero / (touched.shape[0] * DEPTH * self.width)
 
     def merge(self, buckets: npt.NDArray[np.int64], slices: npt.NDArray[np.float32]) -> None:
         """Take the saved slices ``[len(buckets), DEPTH, width]`` of ``buckets`` (by max)."""
         if buckets.shape[0]:
             np.maximum(self.counters[buckets], slices, out=slices)
             self.counters[buckets] = slices
+            self.touched[buckets] = True
 
 
 def admission_passes(

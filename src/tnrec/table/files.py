@@ -531,7 +531,7 @@ def load_into(
         n = _load_text(table, header, key_filter, buckets, fname)
     else:
         cols = stream.columns(table.dim, table.optimizer.state_arrays(table.dim))
-        if ranges is None and not (stream_check and verified is None):
+        if ranges is None and not stream_check:
             ranges = [(0, count)]
         keep = _keep(key_filter, buckets if header.get("order") != "bucket" else None, fname)
         t0 = time.perf_counter()

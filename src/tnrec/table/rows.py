@@ -76,9 +76,11 @@ class RowStore:
         block = np.zeros((self.chunk_rows, self.stride), dtype=np.float32)
         self.chunks.append(block)
         self.bases = np.append(self.bases, np.int64(block.ctypes.data))
-        grown = np.zeros(self.capacity // 8, dtype=np.uint8)
-        grown[: self.bitmap.shape[0]] = self.bitmap
-        self.bitmap = grown
+        need = self.capacity // 8
+        if need > self.bitmap.shape[0]:  # doubled: adding k chunks copies O(k) bytes in all
+            grown = np.zeros(max(need, 2 * self.bitmap.shape[0]), dtype=np.uint8)
+            grown[: self.bitmap.shape[0]] = self.bitmap
+            self.bitmap = grown
 
     def reserve_free_slots(self, n: int) -> None:
         """Make room on the free list for ``n`` more rows."""
