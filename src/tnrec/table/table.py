@@ -28,10 +28,10 @@ class TableStats:
     """Size figures of a table (see :meth:`SparseTable.stats`).
 
     ``bytes_held`` is ``index_bytes + row_bytes + sketch_bytes``; ``row_bytes``
-    splits into ``weight_bytes``, ``state_bytes`` (the optimizer's) and the
-    statistics, and counts every allocated row (free and unused ones too).
-    ``sketch_bytes`` is the admission sketch's allocation (virtual: a worker
-    touches only its own buckets' share).
+    counts every allocated row (free and unused ones too) plus the free list
+    and a scratch bitmap; ``weight_bytes`` and ``state_bytes`` (the
+    optimizer's) are its weight and state columns. ``sketch_bytes`` is the
+    admission sketch's allocation.
     """
 
     count: int
