@@ -137,6 +137,7 @@ class PsStrategy:
         self.comm: Comm | None = None
         if self.env.world_size > 1:
             if not dist.is_initialized():
+                _import_before_process_group()
                 try:
                     dist.init_process_group(
                         backend,
@@ -203,6 +204,19 @@ class PsStrategy:
         if _current is self:
             _current = None
             threads.set_local_workers(1)  # no strategy: this process is alone
+
+
+def _import_before_process_group() -> None:
+    """Import ``torch._dynamo`` now, before the process group exists.
+
+    ``torch.optim`` imports it lazily, on the first optimizer; imported after
+    ``init_process_group``, its ``torch.distributed._shard`` modules keep a
+    reference to the default group, so :func:`dist.destroy_process_group`
+    leaves Gloo's worker threads running until interpreter exit, where their
+    teardown can abort the process ("terminate called without an active
+    exception") after the program finished its work.
+    """
+    import torch._dynamo  # noqa: F401
 
 
 def current_strategy() -> PsStrategy | None:

@@ -354,6 +354,21 @@ def main() -> None:
         out = SCENARIOS[scenario](strategy.rank, strategy.world_size)
     np.savez(os.path.join(out_dir, f"{scenario}-rank{strategy.rank}.npz"), **out)
     strategy.shutdown()
+    with open(os.path.join(out_dir, f"{scenario}-threads-rank{strategy.rank}.txt"), "w") as f:
+        f.write("\n".join(native_threads()))
+
+
+def native_threads() -> list[str]:
+    """The names of this process's OS threads (Gloo's are ``gloo_*`` and ``pt_gloo_*``)."""
+    tasks = "/proc/self/task"
+    names = []
+    for tid in os.listdir(tasks):
+        try:
+            with open(os.path.join(tasks, tid, "comm")) as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended while listing
+            pass
+    return sorted(names)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ def test_w_workers_train_the_same_model_as_one(launch, tmp_path, reference, worl
                 np.testing.assert_allclose(
                     ours[tname][array], v, rtol=1e-5, atol=1e-6, err_msg=f"{opt} {tname} {array}"
                 )
+    # shutdown() ends Gloo's threads; left running, their teardown at exit can abort the process
+    for r in range(world):
+        threads = (tmp_path / f"contract-threads-rank{r}.txt").read_text().split()
+        assert threads and not [t for t in threads if "gloo" in t], threads
 
 
 def test_a_stalled_worker_raises_instead_of_hanging(launch, tmp_path):
