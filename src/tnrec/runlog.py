@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from tnrec import _fileio
 from tnrec.callbacks import Callback
 from tnrec.errors import ArgumentError
 from tnrec.memory import memory_scalars
@@ -136,6 +137,7 @@ class RunLog(Callback):
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ArgumentError(f"RunLog: `every` must be an int >= 0. Received: every={every!r}.")
         self.out_dir = os.fspath(out_dir)
+        _fileio.local_only(self.out_dir)
         self.path = os.path.join(self.out_dir, filename)
         self.every = every
         self.want_tensorboard = tensorboard

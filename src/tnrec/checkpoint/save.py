@@ -79,6 +79,7 @@ def save(
         )
     if keep is not None and keep < 1:
         raise ArgumentError(f"`keep` must be >= 1 or None. Received: keep={keep!r}.")
+    _fileio.local_only(model_dir)
     ps = model.ps
     with lock_for_run(ps, model_dir):
         generation = _next_generation(ps, model_dir)

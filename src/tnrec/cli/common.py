@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tnrec import _fileio
 from tnrec.cli.config import (
     ConfigError,
     RunConfig,
@@ -102,7 +103,12 @@ def number_arg(kind: type, minimum: float = 0, above: bool = False) -> Callable[
 
 
 def dir_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a directory (it, or the nearest existing parent, is a file)."""
+    """Why ``path`` cannot be a directory (a storage URI, or a file is in the way)."""
+    if _fileio.is_remote(path):
+        return (
+            f"{path} is a storage URI; checkpoints, exports and run logs are written on a "
+            "local or mounted file system (writing them to a URI is not built yet)"
+        )
     path = os.path.abspath(path)
     if os.path.exists(path):
         return None if os.path.isdir(path) else f"{path} is an existing file, not a directory"

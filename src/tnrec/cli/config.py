@@ -106,6 +106,7 @@ from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
+from tnrec import _fileio
 from tnrec.data import criteo_columns
 from tnrec.errors import ArgumentError, ConfigError, SpecError
 from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
@@ -409,7 +410,9 @@ def _validate(where: str, doc: dict[str, Any], cls: type, prefix: str = "") -> d
 
 
 def _abs(base: str, p: str) -> str:
-    return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+    if _fileio.is_remote(p) or os.path.isabs(p):
+        return p
+    return os.path.normpath(os.path.join(base, p))
 
 
 def _check_values(where: str, c: RunConfig) -> None:
@@ -525,6 +528,13 @@ def config_from_dict(doc: dict[str, Any], where: str, output_dir: str | None = N
     if cfg.checkpoint.dir:
         cfg.checkpoint.dir = _abs(base, cfg.checkpoint.dir)
     cfg.output_dir = os.path.abspath(output_dir) if output_dir else _abs(base, cfg.output_dir)
+    for key, value in (("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
+        if value and _fileio.is_remote(value):
+            raise ConfigError(
+                f'{where}: "{key}" = "{value}": checkpoints and run logs are written on a local '
+                "or mounted file system; a storage URI is accepted for the inputs "
+                '("data.dir", "data.train", "data.test") only.'
+            )
     _check_values(where, cfg)
     return cfg
 

@@ -9,7 +9,6 @@ before training starts, and each error names the key and the pattern or day.
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tnrec import _fileio
 from tnrec.cli.config import RunConfig, make_columns
 from tnrec.data import Reader, list_files, read_criteo, read_csv, read_parquet
 from tnrec.errors import ArgumentError, ConfigError, DataError
@@ -29,7 +29,10 @@ DEFAULT_PATTERN = {"parquet": "*.parquet", "csv": "*.csv", "criteo": "*"}
 def _expand(patterns: Sequence[str], label: str, error: type[ArgumentError]) -> list[str]:
     files: list[str] = []
     for p in patterns:
-        matches = sorted(m for m in glob.glob(p) if os.path.isfile(m))
+        try:
+            matches = _fileio.glob(p)
+        except OSError as e:
+            raise DataError(f'{label}: cannot list "{p}": {e}') from None
         if not matches:
             raise error(f'{label}: pattern "{p}" matches no file.')
         files.extend(matches)
@@ -41,18 +44,18 @@ def _holds_rows(cfg: RunConfig, path: str) -> bool:
     d = cfg.data
     if d.format == "parquet":
         try:
-            with pq.ParquetFile(path) as f:
+            with pq.ParquetFile(_fileio.input_source(path)) as f:
                 return bool(f.metadata.num_rows > 0)
         except (OSError, pa.ArrowException) as e:
             raise DataError(f'file "{path}": cannot be read as Parquet: {e}') from None
     try:
-        size = os.path.getsize(path)
+        size = _fileio.size(path)
         if d.format == "csv" and d.header and size:
-            with open(path, "rb") as f:
+            with _fileio.open_input(path) as f:
                 return size > len(f.readline())
         return size > 0
     except OSError as e:
-        raise DataError(f'file "{path}": cannot be read: {e.strerror}') from None
+        raise DataError(f'file "{path}": cannot be read: {e.strerror or e}') from None
 
 
 def _check_rows(
@@ -107,7 +110,9 @@ def input_files(
     error: type[ArgumentError] = ConfigError
     if paths:
         label, error = "--data " + " ".join(paths), ArgumentError
-        files = _expand([os.path.abspath(p) for p in paths], "--data", error)
+        files = _expand(
+            [p if _fileio.is_remote(p) else os.path.abspath(p) for p in paths], "--data", error
+        )
     elif days or (not patterns and d.dir and config_days):
         days = list(days or config_days or [])
         label = f'{cfg.source}: "data.{which}_days" {", ".join(days)}'

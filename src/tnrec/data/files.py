@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tnrec import _fileio
 from tnrec.errors import ArgumentError, DataError
 
 _GLOB_CHARS = set("*?[")
@@ -19,13 +19,16 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     """Expand files and glob patterns, in order (each pattern's matches sorted).
 
     Args:
-        paths: one path or pattern, or a list of them.
+        paths: one path or pattern, or a list of them; local, or URIs of a
+            storage backend (``s3://bucket/day/*.parquet``, see
+            :mod:`tnrec._fileio.storage`).
 
     Returns:
         The files; a file matched twice is kept once, at its first place.
 
     Raises:
-        DataError: a pattern matches nothing, or a plain path is not a file.
+        DataError: a pattern matches nothing, a plain path is not a file, or
+            the storage cannot be listed (after its retries).
     """
     if isinstance(paths, (str, os.PathLike)):
         items = [os.fspath(paths)]
@@ -35,15 +38,18 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         raise DataError("No input files: `paths` is empty.")
     out: list[str] = []
     for p in items:
-        if _GLOB_CHARS & set(p):
-            matches = sorted(m for m in glob.glob(p) if os.path.isfile(m))
-            if not matches:
-                raise DataError(f"No files matched pattern: {p}")
-            out.extend(matches)
-        elif os.path.isfile(p):
-            out.append(p)
-        else:
-            raise DataError(f"Input file not found: {p}")
+        try:
+            if _GLOB_CHARS & set(p):
+                matches = _fileio.glob(p)
+                if not matches:
+                    raise DataError(f"No files matched pattern: {p}")
+                out.extend(matches)
+            elif _fileio.is_file(p):
+                out.append(p)
+            else:
+                raise DataError(f"Input file not found: {p}")
+        except OSError as e:
+            raise DataError(f"Cannot list input files {p}: {e}") from None
     return list(dict.fromkeys(out))
 
 
@@ -57,7 +63,8 @@ def list_files(
     Like TensorNet's ``list_files(datapath, days, match_pattern)``.
 
     Args:
-        data_dir: the root holding one directory per day (e.g. ``2024-05-10``).
+        data_dir: the root holding one directory per day (e.g. ``2024-05-10``),
+            a local path or a URI (``s3://bucket/data``).
         days: one day or several, in the order to read; None: every day
             directory, sorted.
         pattern: glob of the files inside a day directory.
@@ -69,21 +76,28 @@ def list_files(
         DataError: ``data_dir`` or a day is missing, or a day has no matching file.
     """
     root = os.fspath(data_dir)
-    if not os.path.isdir(root):
+    try:
+        return _list_days(root, days, pattern)
+    except OSError as e:
+        raise DataError(f"Cannot list the days of {root}: {e}") from None
+
+
+def _list_days(root: str, days: str | Sequence[str] | None, pattern: str) -> list[str]:
+    if not _fileio.is_dir(root):
         raise DataError(f"Data directory not found: {root}")
     if days is None:
-        day_list = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        day_list = [name for name, is_dir in _fileio.list_dir(root) if is_dir]
         if not day_list:
             raise DataError(f"No day directories in {root}")
     else:
         day_list = [days] if isinstance(days, str) else list(days)
     out: list[str] = []
     for day in day_list:
-        day_dir = os.path.join(root, str(day))
-        full = os.path.join(day_dir, pattern)
-        if not os.path.isdir(day_dir):
+        day_dir = _fileio.join(root, str(day))
+        full = _fileio.join(day_dir, pattern)
+        if not _fileio.is_dir(day_dir):
             raise DataError(f"Day {day!r} not found: no directory {day_dir} (pattern {full})")
-        matches = sorted(m for m in glob.glob(full) if os.path.isfile(m))
+        matches = _fileio.glob(full)
         if not matches:
             raise DataError(f"No files matched pattern: {full}")
         out.extend(matches)

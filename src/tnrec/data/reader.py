@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tnrec import _fileio
 from tnrec.data.batch import Batch
 from tnrec.data.decode import Schema, decode
 from tnrec.data.files import Unit, check_split, split_units
@@ -499,6 +500,6 @@ class Reader:
 
 def _size(path: str) -> int:
     try:
-        return os.path.getsize(path)
+        return _fileio.size(path)
     except OSError:
         return -1

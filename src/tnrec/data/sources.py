@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tnrec import _fileio
 from tnrec.data.files import Unit
 from tnrec.errors import DataError
 
@@ -111,7 +112,7 @@ class ParquetSource:
 
 def _parquet(path: str) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(_fileio.input_source(path))
     except (OSError, pa.ArrowException) as e:
         raise DataError(f'file "{path}": cannot be read as Parquet: {_one_line(e)}') from e
 

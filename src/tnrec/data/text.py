@@ -44,11 +44,10 @@ becomes part of the first field name or value.
 
 from __future__ import annotations
 
-import io
-import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 import numpy.typing as npt
@@ -56,6 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from tnrec import _fileio
 from tnrec.data.decode import snippet
 from tnrec.data.files import Unit
 from tnrec.data.sources import Chunk
@@ -118,8 +118,8 @@ class TextSource:
         if path in self._info:
             return self._info[path]
         try:
-            size = os.path.getsize(path)
-            with open(path, "rb") as f:
+            size = _fileio.size(path)
+            with _fileio.open_input(path) as f:
                 head = f.read(16)
                 f.seek(0)
                 line = f.readline(_MAX_HEADER_BYTES) if self.header else b""
@@ -185,7 +185,7 @@ class TextSource:
         start, size = info.start, info.size
         if unit.byte_range is None:
             return start, size, 0
-        with open(unit.path, "rb") as f:
+        with _fileio.open_input(unit.path) as f:
             lo = _line_start(f, unit.byte_range[0], start, size)
             hi = _line_start(f, unit.byte_range[1], start, size)
             base = _count_lines(f, start, lo) if lo > start else 0
@@ -208,7 +208,7 @@ class TextSource:
             return
         parser = _BlockParser(info.names, fields, self.delimiter, self.quoting)
         try:
-            f = open(unit.path, "rb")  # noqa: SIM115 - closed by the with below
+            f = _fileio.open_input(unit.path)
         except OSError as e:
             raise DataError(f'file "{unit.path}": cannot be read: {e}') from e
         with f:
@@ -508,7 +508,7 @@ def _has_lone_cr(data: bytes) -> bool:
     return data.count(b"\r") != data.count(b"\r\n")
 
 
-def _line_start(f: io.BufferedReader, pos: int, lo: int, size: int) -> int:
+def _line_start(f: IO[bytes], pos: int, lo: int, size: int) -> int:
     """Return the first line start at or after ``pos`` (``lo`` is a line start)."""
     if pos <= lo:
         return lo
@@ -525,7 +525,7 @@ def _line_start(f: io.BufferedReader, pos: int, lo: int, size: int) -> int:
     return size
 
 
-def _count_lines(f: io.BufferedReader, lo: int, hi: int) -> int:
+def _count_lines(f: IO[bytes], lo: int, hi: int) -> int:
     """Count ``\\n`` in bytes ``[lo, hi)``."""
     f.seek(lo)
     left = hi - lo
@@ -539,7 +539,7 @@ def _count_lines(f: io.BufferedReader, lo: int, hi: int) -> int:
     return total
 
 
-def _skip_lines(f: io.BufferedReader, lo: int, hi: int, n: int) -> int:
+def _skip_lines(f: IO[bytes], lo: int, hi: int, n: int) -> int:
     """Return the byte where line ``n`` of ``[lo, hi)`` starts (``hi`` if it has fewer)."""
     pos = lo
     f.seek(lo)
@@ -557,7 +557,7 @@ def _skip_lines(f: io.BufferedReader, lo: int, hi: int, n: int) -> int:
     return pos if left == 0 else hi
 
 
-def _blocks(f: io.BufferedReader, pos: int, hi: int, size: int) -> Iterator[bytes]:
+def _blocks(f: IO[bytes], pos: int, hi: int, size: int) -> Iterator[bytes]:
     """Yield bytes ``[pos, hi)`` in blocks of about ``size`` that end at a line end."""
     while pos < hi:
         f.seek(pos)

@@ -28,6 +28,7 @@ from tnrec.export.rows import checkpoint_rows
 from tnrec.export.workers import (
     Workers,
     check_new_path,
+    export_path,
     make_shard_dir,
     read_summaries,
     save_npy,
@@ -77,7 +78,7 @@ def export_delta(
         CheckpointError: a checkpoint is missing or damaged.
         WriteError: a file cannot be written on some worker; nothing is left at ``path``.
     """
-    workers = Workers(ps if ps is not None else _default_ps(), os.path.abspath(os.fspath(path)))
+    workers = Workers(ps if ps is not None else _default_ps(), export_path(path))
     plan: dict[str, Any] = {}
 
     def check() -> None:

@@ -28,7 +28,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tnrec._fileio import fsync_dir, makedirs, publish, sha256_file, write_error, write_file
+from tnrec._fileio import (
+    fsync_dir,
+    local_only,
+    makedirs,
+    publish,
+    sha256_file,
+    write_error,
+    write_file,
+)
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
@@ -140,13 +148,24 @@ class Workers:
         return os.path.join(os.path.dirname(self.path), name)
 
 
+def export_path(path: str | os.PathLike[str]) -> str:
+    """``path`` made absolute.
+
+    Raises:
+        WriteError: ``path`` is a storage URI (exports are written on a local
+            or mounted file system).
+    """
+    local_only(os.fspath(path))
+    return os.path.abspath(os.fspath(path))
+
+
 def check_new_path(path: str | os.PathLike[str]) -> str:
     """Return ``path`` made absolute if nothing is there yet.
 
     Raises:
         ArgumentError: ``path`` exists.
     """
-    path = os.path.abspath(os.fspath(path))
+    path = export_path(path)
     if os.path.lexists(path):
         raise ArgumentError(f"Export path {path} already exists; choose a new directory.")
     return path

@@ -39,6 +39,7 @@ from tnrec.export.rows import write_table_shard
 from tnrec.export.workers import (
     Workers,
     check_new_path,
+    export_path,
     make_shard_dir,
     read_summaries,
     save_npy,
@@ -148,7 +149,7 @@ def export(
         WriteError: a file cannot be written on some worker; nothing is left at ``path``.
         DistributedError: a worker crashed or stalled; nothing is left at ``path``.
     """
-    workers = Workers(model.ps, os.path.abspath(os.fspath(path)))
+    workers = Workers(model.ps, export_path(path))
     plan: dict[str, Any] = {}
 
     def check() -> None:

@@ -18,10 +18,13 @@ place:
 * ``model_dir`` locks (:class:`DirLock`) are ``fcntl`` locks that the kernel
   releases when the process dies.
 
-Every write and rename of a file tnrec reads back, and every read of its JSON
-documents, goes through here, so a second storage backend plugs in here for
-those. Array files (``.npy``, ``dense.pt``, the dense graph) are still read
-with ``np.load``/``torch.load`` on local paths by the modules that own them.
+Where a file lives -- a local path or a URI such as ``s3://bucket/day/`` --
+is :mod:`tnrec._fileio.storage`'s business: input files are listed, globbed
+and opened through it (re-exported here), so no other module knows which
+backend it talks to. Checkpoints, exports and run logs are written on the
+local file system only; a URI there is refused with an error that says so.
+Array files (``.npy``, ``dense.pt``, the dense graph) are read with
+``np.load``/``torch.load`` by the modules that own them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,21 @@ import signal
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from tnrec._fileio.storage import (  # noqa: F401 - the storage interface, re-exported
+    basename,
+    exists,
+    glob,
+    input_source,
+    is_dir,
+    is_file,
+    is_remote,
+    join,
+    list_dir,
+    open_input,
+    parent,
+    read_bytes,
+    size,
+)
 from tnrec.errors import (
     CheckpointError,
     ChecksumError,
@@ -86,12 +104,27 @@ def write_error(path: str, e: OSError) -> WriteError:
     return WriteError(f"Cannot write {path}: {why}.{hint}")
 
 
+def local_only(path: str) -> None:
+    """Refuse to write ``path`` when it is a URI: tnrec writes on local (or mounted) file systems.
+
+    Raises:
+        WriteError: ``path`` names a storage backend (``s3://`` ...).
+    """
+    if is_remote(path):
+        raise WriteError(
+            f"Cannot write {path}: checkpoints, exports and run logs are written on a local "
+            "or mounted file system (a path, or file://); writing them to a storage URI is "
+            "not built yet. Inputs may be read from URIs."
+        )
+
+
 def write_file(path: str, write: Callable[[IO[bytes]], Any]) -> None:
     """Create ``path`` with ``write(f)``, flush and fsync it.
 
     Raises:
         WriteError: the file cannot be written (names it and why).
     """
+    local_only(path)
     try:
         fault_point(path)
         with open(path, "wb") as f:
@@ -110,6 +143,7 @@ class StreamFile:
     """
 
     def __init__(self, path: str) -> None:
+        local_only(path)
         self.path = path
         self._hash = hashlib.sha256()
         try:
@@ -177,6 +211,7 @@ def makedirs(path: str) -> None:
     Raises:
         WriteError: ``path`` or a parent is a file, or cannot be created.
     """
+    local_only(path)
     try:
         os.makedirs(path, exist_ok=True)
     except FileExistsError:
