@@ -184,3 +184,27 @@ def test_tnrec_train_reads_its_days_from_s3_and_trains_as_from_local_files(s3, t
     bad.write_text(text.replace('"2024-05-11"]', '"2024-05-12"]'))
     assert main(["train", "--config", str(bad)]) == 2
     assert "2024-05-12" in capsys.readouterr().err
+
+
+def test_a_run_config_read_from_s3_resolves_its_inputs_next_to_it(s3, tmp_path, capsys):
+    from tnrec.cli.config import load_config
+    from tnrec.data.synthetic import SyntheticConfig, generate
+
+    local = tmp_path / "data"
+    generate(local, SyntheticConfig(rows_per_day=300, num_days=2, test_rows=100))
+    for f in sorted(local.rglob("*.parquet")):
+        _upload(s3, f, "job/days/" + str(f.relative_to(local)))
+    text = TOML.format(out="runs/x", data="days", test="days/test/*.parquet")
+    s3.put_bytes("job/ctr.toml", text.encode())
+    out = tmp_path / "out"
+    cfg = load_config(s3.uri("job/ctr.toml"), output_dir=str(out))
+    assert cfg.data.dir == s3.uri("job/days") and cfg.data.test == [
+        s3.uri("job/days/test/*.parquet")
+    ]
+    assert main(["train", "--config", s3.uri("job/ctr.toml"), "--output-dir", str(out)]) == 0
+    assert (out / "model").is_dir()
+    # relative output_dir next to a config on S3 would be a URI: refused by name
+    assert main(["train", "--config", s3.uri("job/ctr.toml")]) == 2
+    assert 'output_dir" = "s3://' in capsys.readouterr().err
+    assert main(["train", "--config", s3.uri("job/none.toml")]) == 2
+    assert "cannot read the run config s3://" in capsys.readouterr().err

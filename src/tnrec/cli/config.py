@@ -412,6 +412,8 @@ def _validate(where: str, doc: dict[str, Any], cls: type, prefix: str = "") -> d
 def _abs(base: str, p: str) -> str:
     if _fileio.is_remote(p) or os.path.isabs(p):
         return p
+    if _fileio.is_remote(base):
+        return _fileio.join(base, p)
     return os.path.normpath(os.path.join(base, p))
 
 
@@ -483,7 +485,10 @@ def load_config(path: str | os.PathLike[str], output_dir: str | None = None) -> 
     """Read and validate a run config (TOML, or the ``config.json`` that ``train`` writes).
 
     Args:
-        path: the file.
+        path: the file: a local path, or a URI (``s3://bucket/jobs/ctr.toml``).
+            Relative paths in it are relative to its directory, a URI's too,
+            so a config read from a URI names ``output_dir`` as an absolute
+            local path (or ``output_dir`` is given here).
         output_dir: replaces ``output_dir`` (relative to the current directory).
 
     Raises:
@@ -492,10 +497,9 @@ def load_config(path: str | os.PathLike[str], output_dir: str | None = None) -> 
     """
     where = os.fspath(path)
     try:
-        with open(where, "rb") as f:
-            raw = f.read()
+        raw = _fileio.read_bytes(where)
     except OSError as e:
-        raise ConfigError(f"cannot read the run config {where}: {e.strerror}") from None
+        raise ConfigError(f"cannot read the run config {where}: {e.strerror or e}") from None
     try:
         doc = json.loads(raw) if where.endswith(".json") else tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -517,7 +521,11 @@ def config_from_dict(doc: dict[str, Any], where: str, output_dir: str | None = N
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: a run config must be a table. Received: {type(doc).__name__}.")
     cfg = RunConfig(where, **_validate(where, doc, RunConfig))
-    base = os.path.dirname(os.path.abspath(where))
+    base = (
+        _fileio.parent(where)
+        if _fileio.is_remote(where)
+        else os.path.dirname(os.path.abspath(where))
+    )
     d = cfg.data
     if d.train:
         d.train = [_abs(base, p) for p in d.train]
