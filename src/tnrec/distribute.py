@@ -1,12 +1,13 @@
-"""The process group and the launcher's environment, read in exactly one place.
+"""The process group, joined from the launcher's environment.
 
 tnrec runs the same code in one process (the default: no process group, a
-local parameter server) and on W workers launched by ``torchrun`` or any
-launcher that sets torch.distributed's environment (Slurm, Kubeflow
-PyTorchJob, Ray Train)::
+local parameter server) and on W workers started by torchrun (or TorchElastic,
+Kubeflow PyTorchJob), Open MPI's ``mpirun``, MPICH / Intel MPI's ``mpiexec``
+or Slurm's ``srun``; :func:`tnrec.launch.launch_env` reads which, in one place::
 
     torchrun --nproc-per-node 2 -m tnrec.cli train --config run.toml
-    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-endpoint HOST:29400 -m tnrec.cli train ...
+    mpirun -np 8 -x MASTER_ADDR=host0 python -m tnrec.cli train --config run.toml
+    srun --ntasks-per-node 2 python -m tnrec.cli train --config run.toml
 
 Every worker is also a parameter server: :class:`PsStrategy` shards every
 table over all workers (:mod:`tnrec.ps.sharded`). Model code never imports
@@ -15,74 +16,21 @@ torch.distributed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from tnrec.errors import ArgumentError, DistributedError
+from tnrec.launch import LaunchEnv as LaunchEnv  # re-exported: tnrec.distribute.LaunchEnv
+from tnrec.launch import launch_env
 from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.comm import Comm
 from tnrec.ps.sharded import ShardedPS
 from tnrec.table import MemoryBudget, SparseTable, threads
 
 DEFAULT_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class LaunchEnv:
-    """What the launcher says about this process (``RANK``, ``WORLD_SIZE``, ...)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int  # workers on this machine, sharing its CPUs
-    master_addr: str | None
-    master_port: str | None
-
-
-def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
-    """Read the launcher's environment; a plain process is rank 0 of 1.
-
-    Raises:
-        ArgumentError: a variable is malformed (the message names it).
-    """
-    env = os.environ if environ is None else environ
-
-    def read_int(name: str, default: int) -> int:
-        raw = env.get(name)
-        if raw is None or raw == "":
-            return default
-        try:
-            return int(raw)
-        except ValueError:
-            raise ArgumentError(
-                f"Environment variable {name} must be an int. Received: {raw!r}."
-            ) from None
-
-    world = read_int("WORLD_SIZE", 1)
-    rank = read_int("RANK", 0)
-    if world < 1 or not 0 <= rank < world:
-        raise ArgumentError(
-            "Environment: RANK must be in [0, WORLD_SIZE). "
-            f"Received: RANK={rank}, WORLD_SIZE={world}."
-        )
-    local_world = read_int("LOCAL_WORLD_SIZE", 1)
-    if local_world < 1:
-        raise ArgumentError(
-            f"Environment variable LOCAL_WORLD_SIZE must be >= 1. Received: {local_world}."
-        )
-    return LaunchEnv(
-        rank=rank,
-        world_size=world,
-        local_rank=read_int("LOCAL_RANK", 0),
-        local_world_size=local_world,
-        master_addr=env.get("MASTER_ADDR"),
-        master_port=env.get("MASTER_PORT"),
-    )
 
 
 _current: PsStrategy | None = None
@@ -97,7 +45,8 @@ class PsStrategy:
     becomes the current strategy: models built afterwards shard their tables
     over the workers, ``fit`` splits a reader per worker and keeps workers in
     step when their data is uneven. It also tells the tables how many workers
-    share this machine (``LOCAL_WORLD_SIZE``), which divides their default
+    share this machine (``LOCAL_WORLD_SIZE`` or the launcher's equivalent,
+    :class:`~tnrec.launch.LaunchEnv`), which divides their default
     thread count (:func:`tnrec.table.threads.set_local_workers`).
 
     Args:
@@ -139,17 +88,17 @@ class PsStrategy:
             if not dist.is_initialized():
                 _import_before_process_group()
                 try:
-                    dist.init_process_group(
+                    dist.init_process_group(  # the address launch_env read, not env://'s
                         backend,
-                        init_method="env://",
+                        init_method=self.env.init_method,
                         rank=self.env.rank,
                         world_size=self.env.world_size,
                         timeout=timedelta(seconds=self.timeout_s),
                     )
                 except (RuntimeError, ValueError) as e:
                     raise DistributedError(
-                        f"rank {self.env.rank}/{self.env.world_size}: cannot join the process "
-                        f"group at {self.env.master_addr}:{self.env.master_port}: {e}"
+                        f"rank {self.env.rank}/{self.env.world_size} ({self.env.launcher}): "
+                        f"cannot join the process group at {self.env.init_method}: {e}"
                     ) from e
             self.comm = Comm(self.timeout_s)
         # the table kernels' default thread count shares the machine's CPUs among its workers
