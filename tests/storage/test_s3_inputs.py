@@ -208,3 +208,36 @@ def test_a_run_config_read_from_s3_resolves_its_inputs_next_to_it(s3, tmp_path, 
     assert 'output_dir" = "s3://' in capsys.readouterr().err
     assert main(["train", "--config", s3.uri("job/none.toml")]) == 2
     assert "cannot read the run config s3://" in capsys.readouterr().err
+
+
+def test_two_workers_under_torchrun_train_from_s3_as_one_process_does(s3, tmp_path):
+    from tests.multiprocess.conftest import torchrun
+    from tnrec.cli.artifacts import load_model
+    from tnrec.data.synthetic import SyntheticConfig, generate
+
+    local = tmp_path / "data"
+    generate(local, SyntheticConfig(rows_per_day=400, num_days=2, test_rows=100))
+    for f in sorted(local.rglob("*.parquet")):
+        _upload(s3, f, "days/" + str(f.relative_to(local)))
+    cfg = tmp_path / "run.toml"
+    data, test = s3.uri("days"), s3.uri("days/test/*.parquet")
+    cfg.write_text(TOML.format(out=tmp_path / "out-1", data=data, test=test))
+    assert main(["train", "--config", str(cfg)]) == 0
+    res = torchrun(
+        2,
+        ["train", "--config", str(cfg), "--output-dir", str(tmp_path / "out-2")],
+        timeout_s=300.0,
+        target=["-m", "tnrec.cli"],
+    )  # the workers inherit the AWS_* environment that points at the server
+    assert res.returncode == 0, res.stdout + res.stderr
+    one, _ = load_model(tmp_path / "out-1" / "model")
+    two, _ = load_model(tmp_path / "out-2" / "model")  # written by 2 workers, loaded by 1
+    for (n1, p1), (_, p2) in zip(one.named_parameters(), two.named_parameters(), strict=True):
+        want = p1.detach().numpy()
+        np.testing.assert_allclose(p2.detach().numpy(), want, rtol=1e-5, atol=1e-6, err_msg=n1)
+    for name, table in one.tables.items():
+        ra, rb = table.rows(), two.tables[name].rows()
+        assert len(ra["keys"]) > 0
+        oa, ob = np.argsort(ra["keys"]), np.argsort(rb["keys"])
+        np.testing.assert_array_equal(ra["keys"][oa], rb["keys"][ob])
+        np.testing.assert_allclose(rb["weights"][ob], ra["weights"][oa], rtol=1e-5, atol=1e-6)
