@@ -410,7 +410,7 @@ def _validate(where: str, doc: dict[str, Any], cls: type, prefix: str = "") -> d
 
 
 def _abs(base: str, p: str) -> str:
-    if _fileio.is_remote(p) or os.path.isabs(p):
+    if _fileio.is_remote(p) or p.startswith("file://") or os.path.isabs(p):
         return p
     if _fileio.is_remote(base):
         return _fileio.join(base, p)

@@ -102,3 +102,12 @@ def test_writes_to_a_uri_are_refused_before_touching_the_disk(tmp_path, monkeypa
     with pytest.raises(WriteError, match="not built yet"):
         _fileio.StreamFile("s3://b/rows.bin")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_file_uris_in_a_run_config_stay_as_given(tmp_path):
+    from tnrec.cli.config import config_from_dict
+
+    doc = {"data": {"train": [f"file://{tmp_path}/d/*.parquet"], "test": "t/*.parquet"}}
+    cfg = config_from_dict(doc, str(tmp_path / "cfg" / "run.toml"))
+    assert cfg.data.train == [f"file://{tmp_path}/d/*.parquet"]
+    assert cfg.data.test == [str(tmp_path / "cfg" / "t" / "*.parquet")]
