@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import numbers
 import os
 import reprlib
@@ -26,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from tnrec import _fileio
 from tnrec._hashing import bucket_of
 from tnrec.data.decode import to_batch
 from tnrec.errors import ArgumentError, CheckpointError, DataError, TableKeyError
@@ -64,7 +66,10 @@ class Predictor:
     shard, so a partly loaded Predictor cannot predict silently wrong values.
 
     Args:
-        path: the export directory.
+        path: the export directory: a local path (dictionaries memory-mapped),
+            or a URI such as ``s3://bucket/exports/ctr`` (each file read whole
+            into memory once, through :mod:`tnrec._fileio.storage`, with its
+            retries).
         verify: check the sha256 of every file it reads when loading (the
             manifest's own checksum and the dictionaries' shapes, order and
             shards are always checked).
@@ -99,7 +104,7 @@ class Predictor:
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise ArgumentError(f"Predictor: `path` must be a directory. Received: {path!r}.")
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = _fileio.absolute(path)
         self.manifest = read_manifest(self.path, verify=False)
         self.num_shards: int = self.manifest["routing"]["num_shards"]
         self.shards: tuple[int, ...] = _check_shards(shards, self.num_shards, self.path)
@@ -113,7 +118,7 @@ class Predictor:
             t: {r: load_shard(self.path, t, r, self.manifest) for r in self.shards}
             for t in self.manifest["tables"]
         }
-        self.graph = _load_graph(os.path.join(self.path, GRAPH))
+        self.graph = _load_graph(_fileio.join(self.path, GRAPH))
         self.required = [c.key for c in self.columns]
         self._by_key = {c.key: c for c in self.columns}
         self._by_table: dict[str, list[int]] = {}
@@ -365,9 +370,15 @@ class Predictor:
 
 
 def _load_graph(fname: str) -> Any:
-    if not os.path.isfile(fname):
+    try:
+        there = _fileio.is_file(fname)
+    except OSError as e:
+        raise CheckpointError(f"Cannot read export file {fname}: {e}") from None
+    if not there:
         raise CheckpointError(f"Export file {fname} is missing.")
     try:
+        if _fileio.is_remote(fname):
+            return torch.export.load(io.BytesIO(_fileio.read_bytes(fname))).module()
         return torch.export.load(fname).module()
     except Exception as e:  # torch raises many types on a damaged archive; name the file
         raise CheckpointError(

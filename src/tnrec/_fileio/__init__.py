@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from tnrec._fileio.storage import (  # noqa: F401 - the storage interface, re-exported
+    absolute,
     basename,
     exists,
     glob,
@@ -243,7 +244,7 @@ def publish(tmp: str, final: str) -> None:
 def sha256_file(path: str) -> str:
     """Return the hex sha256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -256,7 +257,11 @@ def check_file(full: str, digest: str, kind: str, manifest: str) -> str:
         CheckpointError: the file is missing or unreadable.
         ChecksumError: its content does not match ``manifest``.
     """
-    if not os.path.isfile(full):
+    try:
+        there = is_file(full)
+    except OSError as e:
+        raise CheckpointError(f"Cannot read {kind.lower()} file {full}: {e}.") from None
+    if not there:
         raise CheckpointError(f"{kind} file {full} is missing (it is listed in {manifest}).")
     try:
         actual = sha256_file(full)
@@ -304,8 +309,7 @@ def read_json(path: str, what: str = "file") -> Any:
         what: what the file is, for messages (``"checkpoint manifest"``).
     """
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_bytes(path)
     except FileNotFoundError:
         raise CheckpointError(f"The {what} {path} is missing.") from None
     except OSError as e:

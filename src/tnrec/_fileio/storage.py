@@ -100,6 +100,12 @@ def join(base: str | os.PathLike[str], *parts: str) -> str:
     return out
 
 
+def absolute(path: str | os.PathLike[str]) -> str:
+    """A local path made absolute; a URI as it is."""
+    p = os.fspath(path)
+    return p if is_remote(p) else os.path.abspath(local(p))
+
+
 def parent(path: str) -> str:
     """The directory holding ``path``."""
     if not is_remote(path):

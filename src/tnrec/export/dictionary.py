@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
+import io
 from typing import Any
 
 import numpy as np
 
+from tnrec import _fileio
 from tnrec._hashing import bucket_of
 from tnrec.errors import ArgumentError, CheckpointError
 from tnrec.export.layout import shard_dir
@@ -20,10 +21,17 @@ def load_npy(fname: str, mmap: bool = True) -> np.ndarray:
     Raises:
         CheckpointError: the file is missing or damaged (names it).
     """
-    if not os.path.isfile(fname):
+    try:
+        there = _fileio.is_file(fname)
+    except OSError as e:
+        raise CheckpointError(f"Cannot read export file {fname}: {e}") from None
+    if not there:
         raise CheckpointError(f"Export file {fname} is missing.")
     try:
-        arr = np.load(fname, mmap_mode="r" if mmap else None, allow_pickle=False)
+        if _fileio.is_remote(fname):  # read whole: an object cannot be memory-mapped
+            arr = np.load(io.BytesIO(_fileio.read_bytes(fname)), allow_pickle=False)
+        else:
+            arr = np.load(fname, mmap_mode="r" if mmap else None, allow_pickle=False)
     except Exception as e:  # numpy raises many types on a damaged header; name the file
         raise CheckpointError(
             f"Export file {fname} is damaged (not a readable .npy array: {e}); "
@@ -152,14 +160,14 @@ def load_shard(
             strictly increasing and all of this shard, or the weights not float32
             ``[n, dim]`` as the manifest records (names the file).
     """
-    path = os.path.abspath(os.fspath(path))
+    path = _fileio.absolute(path)
     if manifest is None:
         manifest = read_manifest(path, verify=False)
     doc = table_doc(path, table, manifest)
     num_shards = manifest["routing"]["num_shards"]
     shard = check_shard_index(shard, num_shards, f"Export {path}, table {table!r}")
-    d = os.path.join(path, shard_dir(table, shard, num_shards, manifest["format_version"]))
-    kname, wname = os.path.join(d, "keys.npy"), os.path.join(d, "weights.npy")
+    d = _fileio.join(path, shard_dir(table, shard, num_shards, manifest["format_version"]))
+    kname, wname = _fileio.join(d, "keys.npy"), _fileio.join(d, "weights.npy")
     keys, weights = load_npy(kname), load_npy(wname)
     check_keys(keys, doc["shards"][shard]["count"], kname)
     check_routing(keys, shard, num_shards, kname)
@@ -186,7 +194,7 @@ def load_dictionary(
             strictly increasing, or the weights not float32 ``[n, dim]`` as the
             manifest records.
     """
-    path = os.path.abspath(os.fspath(path))
+    path = _fileio.absolute(path)
     if manifest is None:
         manifest = read_manifest(path, verify=False)
     table_doc(path, table, manifest)

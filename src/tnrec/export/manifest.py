@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from tnrec import _fileio
 from tnrec._fileio import (
     check_file,
     field,
@@ -281,13 +281,17 @@ def read_manifest(path: str, fmt: str = FORMAT, verify: bool = True) -> dict[str
         ChecksumError: the manifest or a file does not match its checksum.
         FormatVersionError: another format version.
     """
-    path = os.path.abspath(os.fspath(path))
-    fname = os.path.join(path, MANIFEST)
-    if not os.path.isdir(path):
-        why = "it is not a directory" if os.path.exists(path) else "no such directory"
-        raise CheckpointError(f"No export at {path}: {why}.")
-    if not os.path.isfile(fname):
-        raise CheckpointError(f"No export at {path}: {fname} does not exist.")
+    path = _fileio.absolute(path)
+    fname = _fileio.join(path, MANIFEST)
+    try:
+        if not _fileio.is_file(fname):
+            why = f"{fname} does not exist"
+            if not _fileio.is_dir(path):
+                there = _fileio.exists(path)
+                why = "it is not a directory" if there else "no such directory"
+            raise CheckpointError(f"No export at {path}: {why}.")
+    except OSError as e:
+        raise CheckpointError(f"Cannot read the export at {path}: {e}") from None
     what = "export manifest" if fmt == FORMAT else "delta export manifest"
 
     def legacy(d: dict[str, Any]) -> bool:
@@ -323,7 +327,7 @@ def verify_files(path: str, manifest: dict[str, Any], rels: Iterable[str] | None
         CheckpointError: a file is missing or unreadable (names it).
         ChecksumError: a file does not match the manifest (names it).
     """
-    fname = os.path.join(path, MANIFEST)
+    fname = _fileio.join(path, MANIFEST)
     files = manifest["files"]
     for rel in files if rels is None else rels:
-        check_file(os.path.join(path, rel), files[rel], "Export", fname)
+        check_file(_fileio.join(path, rel), files[rel], "Export", fname)
