@@ -117,7 +117,7 @@ def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
             at (the message names the variables and what to set).
     """
     env = os.environ if environ is None else environ
-    reading = _torchrun(env) or _openmpi(env) or _pmi(env) or _slurm(env)
+    reading = _torchrun(env) or _mpi(env, "openmpi") or _mpi(env, "pmi") or _slurm(env)
     port = str(_master_port(env))
     if reading is None:
         _check_lone_torchrun(env)
@@ -183,35 +183,33 @@ def _torchrun(env: Mapping[str, str]) -> _Reading | None:
     )
 
 
-def _openmpi(env: Mapping[str, str]) -> _Reading | None:
-    pair = _pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
-    if pair is None:
-        return None
-    return _Reading(
-        "openmpi",
-        *pair,
+# the variables each MPI's launcher sets: rank, size, local rank, local size
+_MPI = {
+    "openmpi": (
         "OMPI_COMM_WORLD_RANK",
         "OMPI_COMM_WORLD_SIZE",
-        local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK") or 0,
-        local_world_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-        local_rank_var="OMPI_COMM_WORLD_LOCAL_RANK",
-        local_var="OMPI_COMM_WORLD_LOCAL_SIZE",
-    )
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    "pmi": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH, Intel MPI
+}
 
 
-def _pmi(env: Mapping[str, str]) -> _Reading | None:
-    pair = _pair(env, "PMI_RANK", "PMI_SIZE")
+def _mpi(env: Mapping[str, str], launcher: str) -> _Reading | None:
+    """The variables of ``launcher`` (a key of ``_MPI``), if it set them."""
+    rank_var, size_var, local_rank_var, local_var = _MPI[launcher]
+    pair = _pair(env, rank_var, size_var)
     if pair is None:
         return None
     return _Reading(
-        "pmi",
+        launcher,
         *pair,
-        "PMI_RANK",
-        "PMI_SIZE",
-        local_rank=_int(env, "MPI_LOCALRANKID") or 0,
-        local_world_size=_int(env, "MPI_LOCALNRANKS"),
-        local_rank_var="MPI_LOCALRANKID",
-        local_var="MPI_LOCALNRANKS",
+        rank_var,
+        size_var,
+        local_rank=_int(env, local_rank_var) or 0,
+        local_world_size=_int(env, local_var),
+        local_rank_var=local_rank_var,
+        local_var=local_var,
     )
 
 
