@@ -19,12 +19,14 @@ place:
   releases when the process dies.
 
 Where a file lives -- a local path or a URI such as ``s3://bucket/day/`` --
-is :mod:`tnrec._fileio.storage`'s business: input files are listed, globbed
-and opened through it (re-exported here), so no other module knows which
-backend it talks to. Checkpoints, exports and run logs are written on the
-local file system only; a URI there is refused with an error that says so.
-Array files (``.npy``, ``dense.pt``, the dense graph) are read with
-``np.load``/``torch.load`` by the modules that own them.
+is :mod:`tnrec._fileio.storage`'s business: input files and exports are
+listed, globbed and read through it (re-exported here; :func:`read_json`,
+:func:`sha256_file` and :func:`check_file` read through it too), so no other
+module knows which backend it talks to. Checkpoints, exports and run logs are
+written, and checkpoints read, on a local or mounted file system only; a
+write to a URI is refused with an error that says so. Array files (``.npy``,
+``dense.pt``, the dense graph) are parsed with ``np.load``/``torch.load`` by
+the modules that own them.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from typing import IO, Any
 
 from tnrec._fileio.storage import (  # noqa: F401 - the storage interface, re-exported
     absolute,
-    basename,
     exists,
     glob,
     input_source,

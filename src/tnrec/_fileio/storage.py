@@ -22,10 +22,12 @@ never from tnrec's arguments. For S3: ``AWS_ACCESS_KEY_ID``,
 S3-compatible store's endpoint from ``AWS_ENDPOINT_URL_S3`` or
 ``AWS_ENDPOINT_URL`` (``http://host:port``; plain HTTP when it says so).
 
-Transient failures are retried, boundedly: the S3 client retries each request
-itself (AWS's standard strategy), and every operation here is tried
-``TNREC_IO_ATTEMPTS`` times (default 5) with exponential backoff from 0.2 s
-when it fails with a throttling, 5xx, timeout or connection error. A missing
+Transient failures are retried, boundedly, in one place: every operation here
+(look up, list, open, each ranged read) is tried ``TNREC_IO_ATTEMPTS`` times
+(default 5) with exponential backoff from 0.2 s when it fails with a
+throttling, 5xx, timeout or connection error. The S3 client's own retries are
+off: they would multiply the attempts, and pyarrow does not retry a 503 on a
+read shorter than S3's error body, so they could not replace these. A missing
 file, a denied access or a failure that outlasts the attempts raises
 ``OSError`` naming the URI; the modules that read inputs and checkpoints turn
 it into their own errors.
@@ -114,11 +116,6 @@ def parent(path: str) -> str:
     return head
 
 
-def basename(path: str) -> str:
-    """The last component of ``path``."""
-    return path.rstrip("/").rpartition("/")[2] if is_remote(path) else os.path.basename(path)
-
-
 # ---------------------------------------------------------------- backends
 
 
@@ -131,13 +128,12 @@ def _s3() -> pafs.FileSystem:
         region,
         os.environ.get("AWS_ACCESS_KEY_ID"),
         os.environ.get("AWS_PROFILE"),
-        _attempts(),
     )
     with _lock:
         fs = _filesystems.get(key)
         if fs is None:
             kwargs: dict[str, Any] = {
-                "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=_attempts()),
+                "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1),  # see retry()
                 "connect_timeout": 10.0,
                 "request_timeout": 60.0,
             }

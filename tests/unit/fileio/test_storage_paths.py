@@ -18,14 +18,13 @@ def test_uris_and_local_paths_are_told_apart():
         storage.local("s3://b/k")
 
 
-def test_join_parent_and_basename_follow_the_path_kind(tmp_path):
+def test_join_and_parent_follow_the_path_kind(tmp_path):
     assert (
         storage.join("s3://b/data/", "2024-05-10", "*.parquet")
         == "s3://b/data/2024-05-10/*.parquet"
     )
     assert storage.join(str(tmp_path), "a") == str(tmp_path / "a")
     assert storage.parent("s3://b/data/x.csv") == "s3://b/data"
-    assert storage.basename("s3://b/data/x.csv") == "x.csv"
 
 
 def test_local_globs_and_queries(tmp_path):
