@@ -106,7 +106,10 @@ class RunLog(Callback):
 
     Args:
         out_dir: the directory (created if needed); the file is appended to, so
-            several ``fit`` calls (days) make one log.
+            several ``fit`` calls (days) make one log. A URI (``s3://...``)
+            works too: the records are then uploaded at the end of each epoch
+            and of training (the object is read and written back whole), and
+            no TensorBoard events are written.
         every: write a step record every this many steps (0: epoch records only).
         tensorboard: also write TensorBoard events when the package is installed.
         filename: the JSON-lines file's name.
@@ -137,13 +140,15 @@ class RunLog(Callback):
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ArgumentError(f"RunLog: `every` must be an int >= 0. Received: every={every!r}.")
         self.out_dir = os.fspath(out_dir)
-        _fileio.local_only(self.out_dir)
         self.path = os.path.join(self.out_dir, filename)
+        self._remote = _fileio.is_remote(self.out_dir)
+        self._pending: list[str] = []  # a remote log's records not uploaded yet
         self.every = every
         self.want_tensorboard = tensorboard
         self.data: TimedData | None = None
         self.global_step = 0
         self._file: IO[str] | None = None
+        self._open = False  # a remote log between on_train_begin and on_train_end
         self._writer: Any = None
         self._epoch = 0
         self._mark: tuple[float, int, float] = (
@@ -172,10 +177,14 @@ class RunLog(Callback):
             scalars: the TensorBoard scalars by tag; default: every number at the
                 record's top level, tagged ``<event>/<key>``.
         """
-        if self._file is None:
+        line = json.dumps(_json_ready(record)) + "\n"
+        if self._remote and self._open:
+            self._pending.append(line)
+        elif self._file is None:
             raise ArgumentError("RunLog.write: the log is not open (fit opens it).")
-        self._file.write(json.dumps(_json_ready(record)) + "\n")
-        self._file.flush()
+        else:
+            self._file.write(line)
+            self._file.flush()
         if self._writer is not None:
             if scalars is None:
                 prefix = record["event"]
@@ -188,8 +197,14 @@ class RunLog(Callback):
             for tag, v in scalars.items():
                 self._writer.add_scalar(tag, v, self.global_step)
 
+    def _upload(self) -> None:
+        """Append a remote log's pending records to its object (read and written back whole)."""
+        if self._pending:
+            _fileio.append_text(self.path, "".join(self._pending))
+            self._pending = []
+
     def _open_tensorboard(self) -> None:
-        if not self.want_tensorboard:
+        if not self.want_tensorboard or self._remote:  # event files are written locally only
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -200,6 +215,10 @@ class RunLog(Callback):
     # ------------------------------------------------------------------ hooks
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        if self._remote:
+            self._open = True
+            self._open_tensorboard()
+            return
         os.makedirs(self.out_dir, exist_ok=True)
         try:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at train end
@@ -267,8 +286,12 @@ class RunLog(Callback):
             )
         record.update(logs or {})
         self.write(record)
+        self._upload()
 
     def on_train_end(self, logs: dict[str, float] | None = None) -> None:
+        if self._remote:
+            self._upload()
+            self._open = False
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -280,7 +303,7 @@ class RunLog(Callback):
 def read_runlog(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Return the records of a run log (a ``runlog.jsonl`` file or the directory holding it)."""
     p = os.fspath(path)
-    if os.path.isdir(p):
+    if _fileio.is_dir(p):
         p = os.path.join(p, RUNLOG_FILE)
-    with open(p, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    text = _fileio.read_bytes(p).decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -15,7 +15,7 @@ from tests.storage.test_s3_inputs import TOML
 from tnrec.cli import main
 from tnrec.cli.run import export as cli_export
 from tnrec.data.synthetic import SyntheticConfig, generate
-from tnrec.errors import CheckpointError, ChecksumError
+from tnrec.errors import ArgumentError, CheckpointError, ChecksumError, WriteError
 from tnrec.serving import Predictor
 
 
@@ -79,3 +79,40 @@ def test_a_damaged_or_missing_object_is_refused_by_name(s3, exported):
         Predictor(uri)
     with pytest.raises(CheckpointError, match=r"No export at s3://.*/nothing: no such directory"):
         Predictor(s3.uri("nothing"))
+
+
+def test_an_export_written_to_s3_predicts_what_the_local_export_predicts(s3, exported):
+    local, raw = exported
+    model_dir = str(local.parent / "out" / "model")
+    uri = s3.uri("exports/ctr")
+    assert cli_export(model_dir, uri) == uri
+    keys = s3.keys("exports/ctr/")
+    assert "exports/ctr/manifest.json" in keys and not [k for k in keys if ".tmp" in k]
+    np.testing.assert_array_equal(Predictor(uri).predict(raw), Predictor(str(local)).predict(raw))
+    with pytest.raises(ArgumentError, match="already exists"):
+        cli_export(model_dir, uri)
+
+
+def test_a_failed_export_to_s3_leaves_nothing_and_a_killed_ones_remains_are_replaced(
+    s3, exported, monkeypatch
+):
+    local, raw = exported
+    model_dir = str(local.parent / "out" / "model")
+    uri = s3.uri("exports/ctr")
+    monkeypatch.setenv("TNREC_IO_ATTEMPTS", "2")
+    s3.proxy.fail_always("503", method="PUT", path_contains="weights.npy")
+    with pytest.raises(WriteError, match=rf"s3://{s3.bucket}/exports/ctr/embeddings/.*2 attempts"):
+        cli_export(model_dir, uri)
+    s3.proxy.clear()
+    # nothing published, nothing left (pyarrow keeps the parent prefix as an empty marker)
+    assert [k for k in s3.keys("exports/") if not k.endswith("/")] == []
+    # what a killed export leaves: shard objects, no manifest; the next export replaces it
+    s3.put_bytes("exports/ctr/embeddings/stale/keys.npy", b"stale")
+    cli_export(model_dir, uri)
+    assert not [k for k in s3.keys("exports/ctr/") if "stale" in k]
+    np.testing.assert_array_equal(Predictor(uri).predict(raw), Predictor(str(local)).predict(raw))
+    # a prefix holding anything else is never deleted
+    s3.put_bytes("exports/other/notes.txt", b"mine")
+    with pytest.raises(ArgumentError, match="already exists"):
+        cli_export(model_dir, s3.uri("exports/other"))
+    assert s3.keys("exports/other/") == ["exports/other/notes.txt"]

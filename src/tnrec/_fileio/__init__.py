@@ -19,14 +19,24 @@ place:
   releases when the process dies.
 
 Where a file lives -- a local path or a URI such as ``s3://bucket/day/`` --
-is :mod:`tnrec._fileio.storage`'s business: input files and exports are
-listed, globbed and read through it (re-exported here; :func:`read_json`,
-:func:`sha256_file` and :func:`check_file` read through it too), so no other
-module knows which backend it talks to. Checkpoints, exports and run logs are
-written, and checkpoints read, on a local or mounted file system only; a
-write to a URI is refused with an error that says so. Array files (``.npy``,
-``dense.pt``, the dense graph) are parsed with ``np.load``/``torch.load`` by
-the modules that own them.
+is :mod:`tnrec._fileio.storage`'s business: every file is listed, read and
+written through it (re-exported here), so no other module knows which backend
+it talks to. On a store that is not the local disk:
+
+* a file is written to a local spool file first (``TMPDIR``) and uploaded
+  whole when it is complete, retried as a whole on a transient failure; an
+  object appears complete or not at all;
+* an object store (S3, GCS, Azure) has no directories and no rename, so
+  :func:`staging_dir` is the final directory itself and :func:`publish_dir`
+  does nothing: the caller's manifest or pointer, written last with one PUT,
+  is what makes the directory count (a checkpoint's ``_checkpoint``, an
+  export's ``manifest.json``);
+* :class:`DirLock` locks nothing (an object store has no locks): one run per
+  model dir is the scheduler's job there.
+
+Array files (``.npy``, ``dense.pt``, the dense graph) are parsed with
+``np.load``/``torch.load`` by the modules that own them, from a memory map of
+a local file or from :func:`open_input`.
 """
 
 from __future__ import annotations
@@ -38,17 +48,22 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from tnrec._fileio import storage
 from tnrec._fileio.storage import (  # noqa: F401 - the storage interface, re-exported
     absolute,
     exists,
+    file_sizes,
     glob,
     input_source,
     is_dir,
     is_file,
+    is_object_store,
     is_remote,
     join,
     list_dir,
@@ -56,6 +71,9 @@ from tnrec._fileio.storage import (  # noqa: F401 - the storage interface, re-ex
     parent,
     read_bytes,
     size,
+)
+from tnrec._fileio.storage import (
+    local as local_path,
 )
 from tnrec.errors import (
     CheckpointError,
@@ -106,29 +124,26 @@ def write_error(path: str, e: OSError) -> WriteError:
     return WriteError(f"Cannot write {path}: {why}.{hint}")
 
 
-def local_only(path: str) -> None:
-    """Refuse to write ``path`` when it is a URI: tnrec writes on local (or mounted) file systems.
-
-    Raises:
-        WriteError: ``path`` names a storage backend (``s3://`` ...).
-    """
-    if is_remote(path):
-        raise WriteError(
-            f"Cannot write {path}: checkpoints, exports and run logs are written on a local "
-            "or mounted file system (a path, or file://); writing them to a storage URI is "
-            "not built yet. Inputs may be read from URIs."
-        )
+def _spool() -> IO[bytes]:
+    """A local temporary file that holds a remote file until it is uploaded whole."""
+    return tempfile.TemporaryFile(prefix="tnrec-spool-")  # noqa: SIM115 - the caller closes it
 
 
 def write_file(path: str, write: Callable[[IO[bytes]], Any]) -> None:
-    """Create ``path`` with ``write(f)``, flush and fsync it.
+    """Create ``path`` with ``write(f)``, flush and fsync it (a remote file: spool it, upload
+    it whole).
 
     Raises:
         WriteError: the file cannot be written (names it and why).
     """
-    local_only(path)
     try:
         fault_point(path)
+        if is_remote(path):
+            with _spool() as f:
+                write(f)
+                f.flush()
+                storage.upload(f, path)
+            return
         with open(path, "wb") as f:
             write(f)
             f.flush()
@@ -145,12 +160,14 @@ class StreamFile:
     """
 
     def __init__(self, path: str) -> None:
-        local_only(path)
         self.path = path
+        self._remote = is_remote(path)
         self._hash = hashlib.sha256()
         try:
             fault_point(path)
-            self._f: IO[bytes] = open(path, "wb")  # noqa: SIM115 - closed by close()/abort()
+            self._f: IO[bytes] = (
+                _spool() if self._remote else open(path, "wb")  # noqa: SIM115 - closed by close()/abort()
+            )
         except OSError as e:
             raise write_error(path, e) from None
 
@@ -163,10 +180,14 @@ class StreamFile:
         self._hash.update(data)
 
     def close(self) -> str:
-        """Flush, fsync and close; return the hex sha256 of everything written."""
+        """Flush, fsync (a remote file: upload) and close; return the hex sha256 of everything
+        written."""
         try:
             self._f.flush()
-            os.fsync(self._f.fileno())
+            if self._remote:
+                storage.upload(self._f, self.path)
+            else:
+                os.fsync(self._f.fileno())
             self._f.close()
         except OSError as e:
             raise write_error(self.path, e) from None
@@ -184,22 +205,29 @@ def write_bytes(path: str, data: bytes) -> None:
 
 
 def write_atomic(path: str, write: Callable[[IO[bytes]], Any]) -> None:
-    """Create or replace ``path`` whole: ``write(f)`` into a temporary sibling, fsync, rename.
+    """Create or replace ``path`` whole: ``write(f)`` into a temporary sibling, fsync, rename
+    (on an object store: one upload, which replaces the object whole).
 
     Raises:
         WriteError: the file cannot be written (names it); nothing is left behind.
     """
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    if is_object_store(path):
+        write_file(path, write)
+        return
+    tmp = join(parent(path) or ".", f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
         write_file(tmp, write)
         publish(tmp, path)
     finally:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+        with contextlib.suppress(OSError, WriteError):
+            remove_file(tmp)
 
 
 def fsync_dir(path: str) -> None:
-    """fsync a directory, so renames and new entries in it are durable."""
+    """fsync a directory, so renames and new entries in it are durable (remote: nothing;
+    a store's writes are durable when they return)."""
+    if is_remote(path):
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -208,12 +236,18 @@ def fsync_dir(path: str) -> None:
 
 
 def makedirs(path: str) -> None:
-    """``os.makedirs(path, exist_ok=True)``, with a clear error when a file is in the way.
+    """``os.makedirs(path, exist_ok=True)``, with a clear error when a file is in the way
+    (on an object store: nothing, a prefix needs no creating).
 
     Raises:
         WriteError: ``path`` or a parent is a file, or cannot be created.
     """
-    local_only(path)
+    if is_remote(path):
+        try:
+            storage.make_dir(path)
+        except OSError as e:
+            raise write_error(path, e) from None
+        return
     try:
         os.makedirs(path, exist_ok=True)
     except FileExistsError:
@@ -228,15 +262,115 @@ def publish(tmp: str, final: str) -> None:
     """Rename ``tmp`` to ``final`` (a file, or a directory that does not exist yet) and fsync
     the parent, so that ``final`` appears whole or not at all.
 
+    On a remote file system (HDFS) this is its rename; an object store has none.
+
     Raises:
-        WriteError: the rename fails.
+        WriteError: the rename fails, or ``final`` is on an object store.
     """
+    if is_object_store(final):
+        raise WriteError(f"Cannot rename into {final}: an object store has no rename.")
+    if is_remote(final):
+        try:
+            fault_point(final)
+            fs, src = storage.resolve(tmp)
+            _, dst = storage.resolve(final)
+            storage.retry("rename", tmp, lambda: fs.move(src, dst))
+        except OSError as e:
+            raise write_error(final, e) from None
+        return
     try:
         fault_point(final)
         os.replace(tmp, final) if os.path.isfile(tmp) else os.rename(tmp, final)
         fsync_dir(os.path.dirname(final) or ".")
     except OSError as e:
         raise write_error(final, e) from None
+
+
+def staging_dir(final: str, tag: str) -> str:
+    """Where to write the files of the directory ``final`` before :func:`publish_dir`: a hidden
+    sibling ``.<name>.tmp-<tag>`` that a rename moves into place; on an object store, which
+    has no rename, ``final`` itself (the caller's manifest or pointer, written last, makes it
+    count)."""
+    if is_object_store(final):
+        return final
+    return join(parent(final), f".{os.path.basename(final.rstrip('/'))}.tmp-{tag}")
+
+
+def publish_dir(staged: str, final: str) -> None:
+    """Make the directory written at ``staged`` (:func:`staging_dir`) appear at ``final``:
+    fsync and rename; on an object store nothing (``staged`` is ``final``).
+
+    Raises:
+        WriteError: the rename fails.
+    """
+    if staged == final and is_object_store(final):
+        return
+    fsync_dir(staged)
+    publish(staged, final)
+
+
+def remove_tree(path: str) -> None:
+    """Delete a directory and everything in it, ignoring failures (for cleaning up)."""
+    if is_remote(path):
+        with contextlib.suppress(OSError):
+            storage.delete_dir(path)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_file(path: str) -> None:
+    """Delete a file; nothing if it does not exist.
+
+    Raises:
+        WriteError: it exists and cannot be deleted.
+    """
+    try:
+        if is_remote(path):
+            storage.delete_file(path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def load_npy(path: str, *, mmap: bool = False) -> Any:
+    """``np.load`` a ``.npy`` file without pickle: a local one memory-mapped when ``mmap``, a
+    remote one read through :func:`open_input` (into memory).
+
+    Raises:
+        OSError, ValueError: as ``np.load`` does.
+    """
+    import numpy as np
+
+    if is_remote(path):
+        with open_input(path) as f:
+            return np.load(f, allow_pickle=False)
+    return np.load(local_path(path), mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+def append_text(path: str, text: str) -> None:
+    """Append ``text`` to the file ``path`` (created if missing), fsynced; a remote file is
+    read and written back whole (an object cannot be appended to; meant for small logs).
+
+    Raises:
+        WriteError: the file cannot be written.
+    """
+    if is_remote(path):
+        try:
+            old = read_bytes(path) if is_file(path) else b""
+        except OSError as e:
+            raise write_error(path, e) from None
+        write_bytes(path, old + text.encode())
+        return
+    try:
+        fault_point(path)
+        with open(local_path(path), "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise write_error(path, e) from None
 
 
 # ---------------------------------------------------------------- checksums
@@ -434,6 +568,8 @@ class DirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        if is_remote(self.path):  # an object store has no locks (see the module docstring)
+            return
         makedirs(self.path)
         lock = os.path.join(self.path, self.NAME)
         try:

@@ -34,7 +34,11 @@ it into their own errors.
 
 Objects are read in ranges (``open_input`` returns a seekable file that
 fetches what is read), never whole into memory unless asked for
-(``read_bytes``).
+(``read_bytes``). They are written whole from a local file (``upload``) or
+from bytes (``put_bytes``), each write retried as a whole, so a failed
+attempt is replaced by the next one and an object appears complete or not at
+all: a single PUT, or a multipart upload that is completed only after every
+part arrived.
 """
 
 from __future__ import annotations
@@ -285,6 +289,21 @@ def list_dir(path: str | os.PathLike[str]) -> list[tuple[str, bool]]:
     return sorted((i.base_name, i.type == pafs.FileType.Directory) for i in infos)
 
 
+def file_sizes(path: str | os.PathLike[str]) -> dict[str, int]:
+    """The files directly in directory ``path`` and their sizes in bytes (one listing).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+    """
+    p = os.fspath(path)
+    if not is_remote(p):
+        with os.scandir(local(p)) as it:
+            return {e.name: e.stat().st_size for e in it if e.is_file()}
+    fs, fp = resolve(p)
+    infos = retry("list", p, lambda: fs.get_file_info(pafs.FileSelector(fp, allow_not_found=False)))
+    return {i.base_name: int(i.size) for i in infos if i.type == pafs.FileType.File}
+
+
 def glob(pattern: str | os.PathLike[str]) -> list[str]:
     """The files matching ``pattern`` (``*``, ``?``, ``[...]`` within one component), sorted.
 
@@ -321,7 +340,7 @@ def glob(pattern: str | os.PathLike[str]) -> list[str]:
 # ---------------------------------------------------------------- reading
 
 
-def open_input(path: str | os.PathLike[str]) -> IO[bytes]:
+def open_input(path: str | os.PathLike[str]) -> io.BufferedReader:
     """Open a file for reading: seekable; a remote one fetches the ranges that are read.
 
     Raises:
@@ -370,6 +389,73 @@ class _Ranges(io.RawIOBase):
         if not self.closed:
             self._f.close()
         super().close()
+
+
+# ---------------------------------------------------------------- writing
+
+
+_OBJECT_STORES = ("s3", "gs", "gcs", "abfs", "abfss", "az")
+
+
+def is_object_store(path: str | os.PathLike[str]) -> bool:
+    """True for a store of objects under keys, with no directories and no rename (S3, GCS,
+    Azure); False for the local disk and for file systems such as HDFS."""
+    return scheme_of(os.fspath(path)) in _OBJECT_STORES
+
+
+def upload(src: IO[bytes], uri: str) -> None:
+    """Write the object ``uri`` with the content of the open local file ``src`` (from its
+    start; read in 8 MiB blocks), replacing what was there.
+
+    Raises:
+        OSError: the write failed after the retries (names the URI).
+    """
+    fs, fp = resolve(uri)
+
+    def put() -> None:
+        src.seek(0)
+        with fs.open_output_stream(fp) as dst:
+            for block in iter(lambda: src.read(8 << 20), b""):
+                dst.write(block)
+
+    retry("write", uri, put)
+
+
+def put_bytes(uri: str, data: bytes) -> None:
+    """Write the object ``uri`` holding ``data`` (one request; replaces what was there)."""
+    upload(io.BytesIO(data), uri)
+
+
+def make_dir(uri: str) -> None:
+    """Create the directory ``uri`` and its parents; nothing on an object store, where a
+    prefix exists as soon as an object lies under it."""
+    if is_object_store(uri):
+        return
+    fs, fp = resolve(uri)
+    retry("create directory", uri, lambda: fs.create_dir(fp, recursive=True))
+
+
+def delete_file(uri: str) -> None:
+    """Delete the file ``uri``; nothing if it does not exist."""
+    _delete(uri, lambda fs, fp: fs.delete_file(fp))
+
+
+def delete_dir(uri: str) -> None:
+    """Delete the directory ``uri`` (every object under the prefix); nothing if it does not
+    exist."""
+    _delete(uri, lambda fs, fp: fs.delete_dir(fp))
+
+
+def _delete(uri: str, delete: Callable[[pafs.FileSystem, str], None]) -> None:
+    fs, fp = resolve(uri)
+
+    def attempt() -> None:
+        try:
+            delete(fs, fp)
+        except FileNotFoundError:
+            pass
+
+    retry("delete", uri, attempt)
 
 
 def input_source(path: str | os.PathLike[str]) -> Any:

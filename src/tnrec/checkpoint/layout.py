@@ -54,19 +54,20 @@ def check_dt(dt: Any, where: str) -> str:
 def scan_generations(model_dir: str) -> list[tuple[str, int, bool]]:
     """Every ``(dt, generation, complete)`` directory on disk, oldest generation first.
 
-    Complete means it holds a manifest (it was renamed into place whole).
+    Complete means it holds a manifest (it was renamed into place whole; on an
+    object store, its manifest was written after every other file).
     """
     found: list[tuple[str, int, bool]] = []
-    if not os.path.isdir(model_dir):
+    if not _fileio.is_dir(model_dir):
         return found
-    for dt in os.listdir(model_dir):
-        day = os.path.join(model_dir, dt)
-        if dt.startswith((".", "_")) or not os.path.isdir(day):
+    for dt, is_day in _fileio.list_dir(model_dir):
+        if dt.startswith((".", "_")) or not is_day:
             continue
-        for g in os.listdir(day):
-            full = os.path.join(day, g)
-            if GEN_DIR.match(g) and os.path.isdir(full):
-                found.append((dt, int(g), os.path.isfile(os.path.join(full, MANIFEST))))
+        day = os.path.join(model_dir, dt)
+        for g, is_gen in _fileio.list_dir(day):
+            if GEN_DIR.match(g) and is_gen:
+                complete = _fileio.is_file(os.path.join(day, g, MANIFEST))
+                found.append((dt, int(g), complete))
     return sorted(found, key=lambda x: (x[1], x[0]))
 
 
@@ -88,7 +89,7 @@ def read_pointer(model_dir: str) -> Pointer | None:
             complete one and how to publish it again).
     """
     fname = os.path.join(model_dir, POINTER)
-    if not os.path.exists(fname):
+    if not _fileio.exists(fname):
         complete = [(dt, g) for dt, g, ok in scan_generations(model_dir) if ok]
         if complete:
             dt, g = complete[-1]
@@ -112,7 +113,7 @@ def read_pointer(model_dir: str) -> Pointer | None:
             f"restore it with `tnrec checkpoint publish {os.path.join(model_dir, rel)}`."
         )
     path = os.path.join(model_dir, dt, str(gen))
-    if not os.path.isfile(os.path.join(path, MANIFEST)):
+    if not _fileio.is_file(os.path.join(path, MANIFEST)):
         raise CheckpointError(f"{fname} names {path}, which has no {MANIFEST}.")
     manifest = read_manifest(path)
     if manifest["dt"] != dt or manifest["generation"] != gen:
@@ -134,13 +135,15 @@ def generations(model_dir: str) -> list[tuple[str, int]]:
     Published means complete and not newer than the generation ``_checkpoint``
     names: a directory renamed into place by a save that was killed before it
     moved ``_checkpoint`` is not published (it is kept, and the next save takes
-    the next free generation number).
+    the next free generation number). On an object store a generation without
+    its manifest is what a killed save or prune left: it is not listed, and the
+    next save deletes it.
     """
     pointer = read_pointer(model_dir)
     last = pointer.generation if pointer is not None else 0
     found = scan_generations(model_dir)
     for dt, g, ok in found:
-        if not ok and g <= last:
+        if not ok and g <= last and not _fileio.is_object_store(model_dir):
             where = os.path.join(model_dir, dt, str(g), MANIFEST)
             raise CheckpointError(
                 f"{where} is missing: generation {g} is older than the published one, so it "
@@ -181,7 +184,7 @@ def publish(path: str) -> str:
     Raises:
         CheckpointError: ``path`` is not a complete, intact checkpoint generation.
     """
-    path = os.path.abspath(os.fspath(path))
+    path = _fileio.absolute(path).rstrip("/")
     gen_dir, dt = os.path.basename(path), os.path.basename(os.path.dirname(path))
     model_dir = os.path.dirname(os.path.dirname(path))
     if not GEN_DIR.match(gen_dir):
@@ -239,9 +242,10 @@ def hold_lock(model_dir: str) -> Iterator[None]:
     """Hold the exclusive lock of ``model_dir`` (re-entrant within a process).
 
     Two runs writing one model dir would delete each other's temporary files;
-    the second one gets a WriteError naming the first one's pid instead.
+    the second one gets a WriteError naming the first one's pid instead. On a
+    storage URI nothing is locked (:class:`tnrec._fileio.DirLock`).
     """
-    key = os.path.realpath(model_dir)
+    key = model_dir if _fileio.is_remote(model_dir) else os.path.realpath(model_dir)
     entry = _held.get(key)
     if entry is None:
         lock = _fileio.DirLock(model_dir, "model dir")

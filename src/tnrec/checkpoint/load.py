@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -153,7 +154,10 @@ def _read_dense(path: str, manifest: dict[str, Any]) -> tuple[str, dict[str, Any
     """Check and read ``dense.pt`` (tensors and numbers only: ``weights_only=True``)."""
     dense_file = check_listed_file(path, DENSE, manifest["files"][DENSE])
     try:
-        dense = torch.load(dense_file, weights_only=True, map_location="cpu")
+        source = (
+            io.BytesIO(_fileio.read_bytes(dense_file)) if _fileio.is_remote(path) else dense_file
+        )
+        dense = torch.load(source, weights_only=True, map_location="cpu")
     except Exception as e:  # torch raises several types for a bad file
         raise CheckpointError(f"Cannot read {dense_file}: {e}.") from None
     if not isinstance(dense, dict):

@@ -1,22 +1,35 @@
-"""Writing a checkpoint generation: every worker's files, then rank 0 publishes."""
+"""Writing a checkpoint generation: every worker's files, then rank 0 publishes.
+
+On a file system with a rename (the local disk, HDFS) the generation is
+written into ``DT/.tmp-GEN``, its manifest last, renamed to ``DT/GEN``, and
+``_checkpoint`` replaced by rename. On an object store (``s3://``, ``gs://``
+...), which has no rename, every file is written under its final key
+``DT/GEN/...``, then the manifest (the checksums of all of them), then
+``_checkpoint`` with one PUT: the pointer is the commit point. Either way a
+reader trusts only what ``_checkpoint`` names, and a killed save leaves files
+that no pointer names, which the next save deletes (on an object store: every
+generation directory without a manifest, found by listing; the listing is
+only ever used to clean up and to pick an unused number, never to find the
+checkpoint to load).
+"""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import os
-import shutil
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from tnrec import _fileio
-from tnrec._fileio import fsync_dir, kill_point, sha256_file
+from tnrec._fileio import kill_point, sha256_file
 from tnrec.checkpoint.layout import (
     DENSE,
     FORMAT,
     FORMAT_VERSION,
+    GEN_DIR,
     MANIFEST,
     POINTER,
     TMP_DIR,
@@ -29,6 +42,7 @@ from tnrec.checkpoint.layout import (
 from tnrec.errors import (
     ArgumentError,
     CheckpointError,
+    WriteError,
 )
 from tnrec.layers.spec import feature_spec, layers_spec
 from tnrec.table import NUM_BUCKETS
@@ -79,18 +93,19 @@ def save(
         )
     if keep is not None and keep < 1:
         raise ArgumentError(f"`keep` must be >= 1 or None. Received: keep={keep!r}.")
-    _fileio.local_only(model_dir)
+    model_dir = _fileio.absolute(model_dir)
     ps = model.ps
     with lock_for_run(ps, model_dir):
         generation = _next_generation(ps, model_dir)
-        tmp = os.path.join(model_dir, dt, f".tmp-{generation}")
+        tmp = _staging(model_dir, dt, generation)
+        published = [False]
         try:
             _write_worker_files(model, tmp, generation, position)
             if ps.rank == 0:
-                _publish_generation(model, model_dir, dt, generation, resume or {}, keep)
+                _publish_generation(model, model_dir, dt, generation, resume or {}, keep, published)
         except BaseException:
-            if ps.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
+            if ps.rank == 0 and not published[0]:
+                _fileio.remove_tree(tmp)
             raise
         ps.barrier("checkpoint: published")
     for table in model.tables.values():
@@ -98,25 +113,51 @@ def save(
     return os.path.join(model_dir, dt, str(generation))
 
 
+def _staging(model_dir: str, dt: str, generation: int) -> str:
+    """Where generation ``generation`` of day ``dt`` is written before it is published."""
+    name = str(generation) if _fileio.is_object_store(model_dir) else f".tmp-{generation}"
+    return os.path.join(model_dir, dt, name)
+
+
 def _next_generation(ps: ParameterServer, model_dir: str) -> int:
     """Agree on the next generation number: one more than any on disk or in the pointer.
 
-    Rank 0 also removes temporary directories left by killed saves (the lock
-    guarantees that no other run is writing them).
+    Rank 0 also removes what killed saves left: temporary directories, and on
+    an object store generation directories without a manifest (the lock, or on
+    an object store the one-run-per-model-dir rule, guarantees that no other
+    run is writing them).
     """
     gen_vec = np.zeros(1, np.float64)
     if ps.rank == 0:
         _fileio.makedirs(model_dir)
         pointer = read_pointer(model_dir)
+        _remove_leftovers(model_dir, pointer.generation if pointer else 0)
         gen_vec[0] = max(max_generation_on_disk(model_dir), pointer.generation if pointer else 0)
         gen_vec[0] += 1
-        for dt in os.listdir(model_dir):
-            day = os.path.join(model_dir, dt)
-            if not dt.startswith((".", "_")) and os.path.isdir(day):
-                for entry in os.listdir(day):
-                    if TMP_DIR.match(entry) or entry.startswith(".pruned-"):
-                        shutil.rmtree(os.path.join(day, entry), ignore_errors=True)
     return int(ps.all_reduce_sum(gen_vec)[0])
+
+
+def _remove_leftovers(model_dir: str, published: int) -> None:
+    """Delete what killed saves and prunes left in ``model_dir`` (never a complete generation,
+    never the published one)."""
+    if not _fileio.is_dir(model_dir):
+        return
+    object_store = _fileio.is_object_store(model_dir)
+    for dt, is_day in _fileio.list_dir(model_dir):
+        if dt.startswith((".", "_")) or not is_day:
+            continue
+        day = os.path.join(model_dir, dt)
+        for entry, _ in _fileio.list_dir(day):
+            full = os.path.join(day, entry)
+            if TMP_DIR.match(entry) or entry.startswith(".pruned-"):
+                _fileio.remove_tree(full)
+            elif (
+                object_store
+                and GEN_DIR.match(entry)
+                and int(entry) != published
+                and not _fileio.is_file(os.path.join(full, MANIFEST))
+            ):
+                _fileio.remove_tree(full)
 
 
 def _write_worker_files(
@@ -151,24 +192,32 @@ def _publish_generation(
     generation: int,
     resume: dict[str, Any],
     keep: int | None,
+    published: list[bool],
 ) -> None:
-    """Rank 0: write the manifest, rename the directory into place, move ``_checkpoint``."""
-    tmp = os.path.join(model_dir, dt, f".tmp-{generation}")
+    """Rank 0: write the manifest, rename the directory into place, move ``_checkpoint``
+    (on an object store: write the manifest, then ``_checkpoint``); ``published[0]`` is set
+    once the pointer names the new generation."""
+    tmp = _staging(model_dir, dt, generation)
     manifest = _manifest(model, tmp, dt, generation, model.ps.world_size, resume)
     _fileio.write_json(os.path.join(tmp, MANIFEST), manifest, atomic=False)
-    fsync_dir(tmp)
     final = os.path.join(model_dir, dt, str(generation))
     kill_point("before-rename")
-    _fileio.publish(tmp, final)
+    _fileio.publish_dir(tmp, final)
     kill_point("after-rename")
-    pointer_tmp = os.path.join(model_dir, f".{POINTER}.tmp")
-    try:
-        _fileio.write_bytes(pointer_tmp, _fileio.dumps_checked(pointer_doc(dt, generation)))
+    pointer = _fileio.dumps_checked(pointer_doc(dt, generation))
+    if _fileio.is_object_store(model_dir):  # one PUT replaces the object whole
         kill_point("before-publish")
-        _fileio.publish(pointer_tmp, os.path.join(model_dir, POINTER))
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(pointer_tmp)
+        _fileio.write_bytes(os.path.join(model_dir, POINTER), pointer)
+    else:
+        pointer_tmp = os.path.join(model_dir, f".{POINTER}.tmp")
+        try:
+            _fileio.write_bytes(pointer_tmp, pointer)
+            kill_point("before-publish")
+            _fileio.publish(pointer_tmp, os.path.join(model_dir, POINTER))
+        finally:
+            with contextlib.suppress(WriteError):
+                _fileio.remove_file(pointer_tmp)
+    published[0] = True
     kill_point("after-publish")
     if keep is not None:
         _prune(model_dir, keep, generation)
@@ -183,7 +232,7 @@ def _manifest(
         for r in range(world):
             rel = os.path.join("sparse", name, f"part-{r:05d}-of-{world:05d}")
             header = os.path.join(tmp, rel, table_files.HEADER)
-            if not os.path.isfile(header):
+            if not _fileio.is_file(header):
                 raise CheckpointError(f"Worker {r} did not write {header}; not publishing.")
             parts.append({"dir": rel, "rank": r, "header_sha256": sha256_file(header)})
         head = table_files.header_of(table)
@@ -214,9 +263,17 @@ def _prune(model_dir: str, keep: int, published: int) -> None:
     nor any newer one."""
     gens = [(dt, g) for dt, g, ok in scan_generations(model_dir) if ok and g <= published]
     for dt, g in gens[: max(len(gens) - keep, 0)]:
-        if g != published:
+        if g == published:
+            continue
+        full = os.path.join(model_dir, dt, str(g))
+        if _fileio.is_object_store(model_dir):
+            # the manifest first: a kill after it leaves a generation without one, which
+            # the next save deletes
+            _fileio.remove_file(os.path.join(full, MANIFEST))
+            _fileio.remove_tree(full)
+        else:
             # renamed aside first: a kill during rmtree leaves a hidden directory, never a
             # numbered one without its manifest (which would read as damage)
             aside = os.path.join(model_dir, dt, f".pruned-{g}")
-            os.rename(os.path.join(model_dir, dt, str(g)), aside)
-            shutil.rmtree(aside, ignore_errors=True)
+            _fileio.publish(full, aside)
+            _fileio.remove_tree(aside)

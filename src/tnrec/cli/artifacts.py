@@ -110,7 +110,7 @@ def read_model_json(model_dir: str) -> dict[str, Any]:
             wrong type (named); FormatVersionError for another version.
     """
     path = os.path.join(model_dir, MODEL_FILE)
-    if not os.path.isfile(path):
+    if not _fileio.is_file(path):
         raise CheckpointError(f"{path} not found: not a model directory written by `tnrec train`.")
     doc = _fileio.read_versioned_json(path, FORMAT, VERSION, what="model file", legacy=_legacy)
     f = _fileio.field

@@ -22,7 +22,7 @@ from tnrec.cli.config import (
     make_policy,
 )
 from tnrec.distribute import PsStrategy, current_strategy
-from tnrec.errors import ArgumentError
+from tnrec.errors import ArgumentError, WriteError
 from tnrec.models import ZooModel, build
 
 CONFIG_FILE = "config.json"
@@ -103,12 +103,13 @@ def number_arg(kind: type, minimum: float = 0, above: bool = False) -> Callable[
 
 
 def dir_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a directory (a storage URI, or a file is in the way)."""
+    """Why ``path`` cannot be a directory (a file is in the way)."""
     if _fileio.is_remote(path):
-        return (
-            f"{path} is a storage URI; checkpoints, exports and run logs are written on a "
-            "local or mounted file system (writing them to a URI is not built yet)"
-        )
+        try:
+            there = _fileio.is_file(path)
+        except OSError as e:
+            return f"cannot reach {path}: {e}"
+        return f"{path} is an existing file, not a directory" if there else None
     path = os.path.abspath(path)
     if os.path.exists(path):
         return None if os.path.isdir(path) else f"{path} is an existing file, not a directory"
@@ -125,9 +126,9 @@ def make_dir(path: str, label: str) -> None:
     problem = dir_problem(path)
     if problem is None:
         try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as e:
-            problem = f"cannot create {path}: {e.strerror}"
+            _fileio.makedirs(path)
+        except WriteError as e:
+            problem = str(e).rstrip(".")
     if problem is not None:
         raise ConfigError(f"{label}: {problem}.")
 

@@ -535,14 +535,7 @@ def config_from_dict(doc: dict[str, Any], where: str, output_dir: str | None = N
         d.dir = _abs(base, d.dir)
     if cfg.checkpoint.dir:
         cfg.checkpoint.dir = _abs(base, cfg.checkpoint.dir)
-    cfg.output_dir = os.path.abspath(output_dir) if output_dir else _abs(base, cfg.output_dir)
-    for key, value in (("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
-        if value and _fileio.is_remote(value):
-            raise ConfigError(
-                f'{where}: "{key}" = "{value}": checkpoints and run logs are written on a local '
-                "or mounted file system; a storage URI is accepted for the inputs "
-                '("data.dir", "data.train", "data.test") only.'
-            )
+    cfg.output_dir = _fileio.absolute(output_dir) if output_dir else _abs(base, cfg.output_dir)
     _check_values(where, cfg)
     return cfg
 

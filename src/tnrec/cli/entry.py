@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
-from tnrec import checkpoint
+from tnrec import _fileio, checkpoint
 from tnrec.cli.common import current_or_new_strategy, number_arg, to_json
 from tnrec.cli.config import load_config
 from tnrec.cli.demo import demo
@@ -119,7 +118,7 @@ def _run(args: argparse.Namespace) -> None:
         print(inspect(args.path, args.table, args.key, args.json))
     elif args.command == "checkpoint":
         pointer = checkpoint.publish(args.path)
-        print(f"{pointer} now names {os.path.abspath(args.path)}")
+        print(f"{pointer} now names {_fileio.absolute(args.path)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

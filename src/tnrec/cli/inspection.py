@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tnrec import checkpoint
+from tnrec import _fileio, checkpoint
 from tnrec._fileio import check_file
 from tnrec.cli.artifacts import MODEL_FILE, read_model_json
 from tnrec.errors import ArgumentError, CheckpointError, TableKeyError
@@ -33,15 +33,17 @@ def _locate(path: str) -> tuple[str, str | None]:
     Raises:
         CheckpointError: none of those.
     """
-    path = os.path.abspath(path)
+    path = _fileio.absolute(path).rstrip("/")
 
     def is_root(p: str) -> bool:
-        return any(os.path.isfile(os.path.join(p, f)) for f in (checkpoint.POINTER, MODEL_FILE))
+        return any(_fileio.is_file(os.path.join(p, f)) for f in (checkpoint.POINTER, MODEL_FILE))
 
     if is_root(path):
         return path, checkpoint.latest(path)
     parent = os.path.dirname(path)
-    if os.path.isfile(os.path.join(path, checkpoint.MANIFEST)) and is_root(os.path.dirname(parent)):
+    if _fileio.is_file(os.path.join(path, checkpoint.MANIFEST)) and is_root(
+        os.path.dirname(parent)
+    ):
         return os.path.dirname(parent), path
     if is_root(parent):
         ckpt = checkpoint.latest(parent, os.path.basename(path))
@@ -61,7 +63,7 @@ def _part_dirs(ckpt: str, doc: dict[str, Any]) -> list[str]:
 def _load_npy(part: str, name: str) -> np.ndarray:
     full = os.path.join(part, f"{name}.npy")
     try:
-        return np.load(full, mmap_mode="r", allow_pickle=False)
+        return _fileio.load_npy(full, mmap=True)
     except (OSError, ValueError, EOFError) as e:
         raise CheckpointError(f"Cannot read {full}: {e}.") from None
 
@@ -76,12 +78,12 @@ def _quantiles(values: list[np.ndarray]) -> dict[str, float] | None:
 
 def _part_summary(part: str, rank: int, count: int) -> dict[str, Any]:
     """One saved part (one worker's shard): its rows, bytes on disk, and the sketch's share."""
-    files = [e for e in os.scandir(part) if e.is_file()]
+    files = _fileio.file_sizes(part)
     return {
         "rank": rank,
         "rows": count,
-        "bytes": sum(e.stat().st_size for e in files),
-        "sketch_bytes": sum(e.stat().st_size for e in files if e.name.startswith("sketch")),
+        "bytes": sum(files.values()),
+        "sketch_bytes": sum(n for name, n in files.items() if name.startswith("sketch")),
     }
 
 
@@ -133,10 +135,10 @@ def _day_counters(root: str, dt: str, model: dict[str, Any] | None) -> dict[str,
     """
     for path in _runlog_paths(root, model):
         try:
-            with open(path, encoding="utf-8") as f:
-                lines = [line for line in f if line.strip()]
+            text = _fileio.read_bytes(path).decode("utf-8", errors="replace")
         except OSError:
             continue
+        lines = [line for line in text.splitlines() if line.strip()]
         found, bad = None, 0
         for line in lines:
             try:
@@ -194,7 +196,7 @@ def inspect_summary(path: str) -> dict[str, Any]:
         "day_counters": None,
     }
     model_doc = None
-    if os.path.isfile(os.path.join(root, MODEL_FILE)):
+    if _fileio.is_file(os.path.join(root, MODEL_FILE)):
         doc = model_doc = read_model_json(root)
         out["model"] = {"name": doc["model"], "params": doc["params"]}
     else:

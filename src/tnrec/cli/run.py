@@ -28,6 +28,7 @@ from tnrec.cli.inputs import make_reader
 from tnrec.cli.inspection import no_checkpoint_message
 from tnrec.data import Reader
 from tnrec.errors import ArgumentError, CheckpointError, DataError
+from tnrec.export.workers import check_new_path
 from tnrec.models import ZooModel
 
 
@@ -38,12 +39,12 @@ def resolve_model_dir(path: str) -> str:
         CheckpointError: no ``model.json`` there.
     """
     for cand in (path, os.path.join(path, "model")):
-        if os.path.isfile(os.path.join(cand, MODEL_FILE)):
+        if _fileio.is_file(os.path.join(cand, MODEL_FILE)):
             return cand
     cfg_file = os.path.join(path, CONFIG_FILE)
-    if os.path.isfile(cfg_file):
+    if _fileio.is_file(cfg_file):
         cand = load_config(cfg_file).model_dir
-        if os.path.isfile(os.path.join(cand, MODEL_FILE)):
+        if _fileio.is_file(os.path.join(cand, MODEL_FILE)):
             return cand
     raise CheckpointError(
         f"{os.path.join(path, MODEL_FILE)} not found: not a model directory written by "
@@ -131,16 +132,16 @@ def part_path(output: str, rank: int, world: int, kind: str) -> str:
 
 def _check_output_file(path: str) -> None:
     """Refuse an ``--output`` that is a directory or lies under a file."""
-    if os.path.isdir(path):
+    if _fileio.is_dir(path):
         raise ArgumentError(f"--output {path} is a directory; give a file name.")
-    problem = dir_problem(os.path.dirname(os.path.abspath(path)))
+    problem = dir_problem(_fileio.parent(_fileio.absolute(path)))
     if problem is not None:
         raise ArgumentError(f"--output {path}: {problem}.")
 
 
 def _write_table(table: pa.Table, path: str, kind: str) -> None:
     """Write predictions to ``path`` whole (temporary sibling, fsync, rename)."""
-    _fileio.makedirs(os.path.dirname(os.path.abspath(path)))
+    _fileio.makedirs(_fileio.parent(_fileio.absolute(path)))
 
     def write(f: IO[bytes]) -> None:
         if kind == "csv":
@@ -152,7 +153,8 @@ def _write_table(table: pa.Table, path: str, kind: str) -> None:
 
 
 def _read_table(path: str, kind: str) -> pa.Table:
-    return pa_csv.read_csv(path) if kind == "csv" else pq.read_table(path)
+    source = _fileio.input_source(path)
+    return pa_csv.read_csv(source) if kind == "csv" else pq.read_table(source)
 
 
 def predict(
@@ -210,7 +212,7 @@ def predict(
         merged = merged.take(pa.array(np.argsort(merged["row_id"].to_numpy(), kind="stable")))
         _write_table(merged, output, kind)
         for p in parts:
-            os.remove(p)
+            _fileio.remove_file(p)
         table = merged
     strategy.barrier()
     return table.num_rows
@@ -245,9 +247,12 @@ def _provenance(root: str, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_new_dir(path: str, flag: str) -> None:
-    """Refuse an output directory that exists or cannot be created."""
-    if os.path.lexists(path):
-        raise ArgumentError(f"{flag} {path} already exists; choose a new directory.")
+    """Refuse an output directory that exists (unless it is what a killed export to an object
+    store left, see :func:`tnrec.export.workers.check_new_path`) or cannot be created."""
+    try:
+        check_new_path(path)
+    except ArgumentError:
+        raise ArgumentError(f"{flag} {path} already exists; choose a new directory.") from None
     problem = dir_problem(path)
     if problem is not None:
         raise ArgumentError(f"{flag} {problem}.")

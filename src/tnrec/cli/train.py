@@ -81,7 +81,8 @@ def _check_same_config(strategy: PsStrategy, cfg: RunConfig) -> None:
 def _has_checkpoint(model_dir: str) -> bool:
     """Whether ``model_dir`` holds a checkpoint (a ``_checkpoint`` pointer or a generation)."""
     pointer = os.path.join(model_dir, checkpoint.POINTER)
-    return os.path.lexists(pointer) or bool(checkpoint.generations(model_dir))
+    there = _fileio.exists(pointer) if _fileio.is_remote(pointer) else os.path.lexists(pointer)
+    return there or bool(checkpoint.generations(model_dir))
 
 
 def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
@@ -90,7 +91,7 @@ def _check_same_model(model_dir: str, doc: dict[str, Any]) -> None:
     A ``model.json`` without a checkpoint (a run that failed before its first
     save) is replaced by the new one.
     """
-    if not os.path.isfile(os.path.join(model_dir, MODEL_FILE)) or not _has_checkpoint(model_dir):
+    if not _fileio.is_file(os.path.join(model_dir, MODEL_FILE)) or not _has_checkpoint(model_dir):
         return
     old = dict(read_model_json(model_dir))
     old["feature_spec"] = canonical_spec(old.get("feature_spec"))
@@ -149,9 +150,7 @@ def _on_rank0(strategy: PsStrategy, step: Callable[[], None], what: str) -> None
 
 def _append_runlog(out_dir: str, records: Sequence[dict[str, Any]]) -> str:
     path = os.path.join(out_dir, RUNLOG_FILE)
-    with open(path, "a", encoding="utf-8") as f:
-        for r in records:
-            f.write(to_json(r) + "\n")
+    _fileio.append_text(path, "".join(to_json(r) + "\n" for r in records))
     return path
 
 

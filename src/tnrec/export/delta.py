@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tnrec import _fileio
 from tnrec._fileio import field, fsync_dir, write_json
 from tnrec.errors import ArgumentError
 from tnrec.export.dictionary import (
@@ -167,14 +168,14 @@ def _delta_rows(
 
 def _label(ckpt_dir: str) -> str:
     """``<dt>/<generation>`` of a checkpoint directory."""
-    gen_dir = os.path.abspath(ckpt_dir)
+    gen_dir = _fileio.absolute(ckpt_dir).rstrip("/")
     return f"{os.path.basename(os.path.dirname(gen_dir))}/{os.path.basename(gen_dir)}"
 
 
 def _generation(ckpt_dir: str) -> int:
     from tnrec.checkpoint import read_manifest as read_ckpt
 
-    where = f"checkpoint manifest in {os.path.abspath(ckpt_dir)}"
+    where = f"checkpoint manifest in {_fileio.absolute(ckpt_dir)}"
     return int(field(read_ckpt(ckpt_dir), "generation", int, where))
 
 
@@ -247,7 +248,7 @@ def apply_delta(
             weights float32[n, D]).
     """
     manifest = read_manifest(delta_path, DELTA_FORMAT)
-    path = os.path.abspath(os.fspath(delta_path))
+    path = _fileio.absolute(delta_path)
     if table not in manifest["tables"]:
         raise ArgumentError(
             f"The delta {delta_path} has no table {table!r}; it has {sorted(manifest['tables'])}."

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tnrec import _fileio
 from tnrec._fileio import StreamFile
 from tnrec._hashing import NUM_BUCKETS, bucket_of
 from tnrec.checkpoint.layout import check_listed_file
@@ -109,7 +110,7 @@ def _part_rows(
 
 def _open(fname: str) -> np.ndarray:
     try:
-        return np.load(fname, mmap_mode="r", allow_pickle=False)
+        return _fileio.load_npy(fname, mmap=True)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"Cannot read {fname}: {e}.") from None
 

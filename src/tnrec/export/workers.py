@@ -17,24 +17,30 @@ an error of the same class naming the failed rank), and rank 0 removes the
 temporary directory, after every worker has left the step, so a failed
 write on any worker leaves nothing at the final path. The export path must
 be on a file system every worker sees, as for checkpoints.
+
+On an object store (``s3://`` ...), which has no rename, every worker writes
+under the final prefix and rank 0's ``manifest.json``, written last, is what
+makes it an export: a reader (the Predictor) refuses a prefix without one. A
+failed export deletes the prefix; one that was killed leaves objects without
+a manifest, which the next export to the same path deletes before writing.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tnrec import _fileio
 from tnrec._fileio import (
     fsync_dir,
-    local_only,
     makedirs,
-    publish,
+    publish_dir,
+    remove_tree,
     sha256_file,
-    write_error,
+    staging_dir,
     write_file,
 )
 from tnrec.errors import (
@@ -144,29 +150,38 @@ class Workers:
         if self.rank == 0:  # 48 random bits: exact in a float64
             token[0] = int.from_bytes(os.urandom(6), "big")
         token = self.ps.all_reduce_sum(token)
-        name = f".{os.path.basename(self.path)}.tmp-{int(token[0]):012x}"
-        return os.path.join(os.path.dirname(self.path), name)
+        return staging_dir(self.path, f"{int(token[0]):012x}")
 
 
 def export_path(path: str | os.PathLike[str]) -> str:
-    """``path`` made absolute.
+    """``path`` made absolute (a URI as it is)."""
+    return _fileio.absolute(path).rstrip("/") or "/"
 
-    Raises:
-        WriteError: ``path`` is a storage URI (exports are written on a local
-            or mounted file system).
-    """
-    local_only(os.fspath(path))
-    return os.path.abspath(os.fspath(path))
+
+# what an export or a delta writes at its top level (a prefix holding only these and no
+# manifest is what a killed export to an object store left)
+_EXPORT_ENTRIES = {"embeddings", "manifest.json", "dense.pt2", "dense.onnx"}
+
+
+def _killed_export(path: str) -> bool:
+    """True when the object-store prefix ``path`` holds only what an export writes, without
+    its ``manifest.json``: what a killed export left (the next export deletes it)."""
+    if not _fileio.is_object_store(path) or not _fileio.is_dir(path):
+        return False
+    entries = {name for name, _ in _fileio.list_dir(path)}
+    return entries <= _EXPORT_ENTRIES and "manifest.json" not in entries
 
 
 def check_new_path(path: str | os.PathLike[str]) -> str:
-    """Return ``path`` made absolute if nothing is there yet.
+    """Return ``path`` made absolute if nothing is there yet (or only what a killed export
+    to an object store left, which the export deletes before writing).
 
     Raises:
         ArgumentError: ``path`` exists.
     """
     path = export_path(path)
-    if os.path.lexists(path):
+    there = _fileio.exists(path) if _fileio.is_remote(path) else os.path.lexists(path)
+    if there and not _killed_export(path):
         raise ArgumentError(f"Export path {path} already exists; choose a new directory.")
     return path
 
@@ -178,10 +193,7 @@ def make_shard_dir(tmp: str, rel: str) -> str:
         WriteError: it cannot be created.
     """
     full = os.path.join(tmp, rel)
-    try:
-        os.mkdir(full)
-    except OSError as e:
-        raise write_error(full, e) from None
+    makedirs(full)
     return full
 
 
@@ -219,12 +231,14 @@ def write_sharded(
     summary: list[np.ndarray] = []
 
     def create() -> None:
+        if _killed_export(workers.path):
+            remove_tree(workers.path)
         makedirs(tmp)
         for rel in ("embeddings", *table_dirs):
             makedirs(os.path.join(tmp, rel))
 
     def shards() -> None:
-        if not os.path.isdir(tmp):
+        if not _fileio.is_object_store(tmp) and not _fileio.is_dir(tmp):
             raise WriteError(
                 f"rank {workers.rank} does not see {tmp}, which rank 0 created: the export "
                 "path must be on a file system every worker sees."
@@ -235,8 +249,7 @@ def write_sharded(
         finish(tmp, summaries)
         for rel in (*table_dirs, "embeddings"):
             fsync_dir(os.path.join(tmp, rel))
-        fsync_dir(tmp)
-        publish(tmp, workers.path)
+        publish_dir(tmp, workers.path)
 
     try:
         workers.agree(workers.attempt(create) if workers.rank == 0 else None, "create " + tmp)
@@ -246,7 +259,7 @@ def write_sharded(
         workers.agree(error, "publish the export")
     except BaseException:
         if workers.rank == 0:  # every worker has left the step that failed
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
         raise
     return workers.path
 

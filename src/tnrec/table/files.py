@@ -28,7 +28,12 @@ A save writes a temporary sibling directory, fsyncs every file and the
 directory, then renames it into place (on Linux an existing table directory is
 swapped atomically with ``renameat2(RENAME_EXCHANGE)``; elsewhere it is moved
 aside first and :func:`load` falls back to the moved-aside copy). A crash at
-any moment leaves the previous directory loadable. No pickle is read back.
+any moment leaves the previous directory loadable. On an object store
+(``s3://`` ...), which has no rename, the files are written under their final
+keys and ``table.json`` last (an existing one is deleted first): a reader sees
+a table only once it is whole, and a kill in between leaves no table there
+(checkpoints, whose pointer is the commit point, never overwrite a table).
+No pickle is read back.
 """
 
 from __future__ import annotations
@@ -158,8 +163,8 @@ def save(
         raise ArgumentError(
             f"`order` must be 'key', or 'bucket' with storage='npy'. Received: order={order!r}."
         )
-    path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not os.path.isfile(os.path.join(path, HEADER)):
+    path = _fileio.absolute(path)
+    if _fileio.exists(path) and not _fileio.is_file(os.path.join(path, HEADER)):
         raise ArgumentError(
             f"Cannot save table {table.name!r} to {path}: it exists and is not a saved table "
             "(no table.json); refusing to replace it."
@@ -169,9 +174,10 @@ def save(
         raise ArgumentError(
             f"Bucket range must satisfy 0 <= lo < hi <= {NUM_BUCKETS}. Received: lo={lo}, hi={hi}."
         )
-    parent = os.path.dirname(path)
-    _fileio.makedirs(parent)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
+    _fileio.makedirs(_fileio.parent(path))
+    tmp = _fileio.staging_dir(path, uuid.uuid4().hex[:12])
+    if tmp == path:  # an object store: the new table is whole once its header is written
+        _fileio.remove_file(os.path.join(path, HEADER))
     _fileio.makedirs(tmp)
     try:
         if order == "bucket":
@@ -191,10 +197,12 @@ def save(
             }
         )
         _fileio.write_json(os.path.join(tmp, HEADER), header, atomic=False)
-        fsync_dir(tmp)
-        _publish(tmp, path)
+        if tmp != path:
+            fsync_dir(tmp)
+            _publish(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp != path:
+            _fileio.remove_tree(tmp)
         raise
 
 
@@ -262,6 +270,11 @@ def _renameat2_exchange(a: str, b: str) -> bool:
 
 
 def _publish(tmp: str, path: str) -> None:
+    if _fileio.is_remote(path):  # a file system with a rename of its own (HDFS)
+        if _fileio.exists(path):
+            _fileio.remove_tree(path)
+        _fileio.publish(tmp, path)
+        return
     try:
         _swap_into_place(tmp, path)
     except OSError as e:
@@ -307,10 +320,10 @@ def _write_text(f: IO[bytes], table: TableRows, arrays: dict[str, np.ndarray]) -
 
 def _resolve(path: str) -> str:
     """Return ``path``, or the moved-aside copy a crash between two renames left behind."""
-    if os.path.isfile(os.path.join(path, HEADER)):
+    if _fileio.is_file(os.path.join(path, HEADER)):
         return path
     parent, base = os.path.split(path)
-    if os.path.isdir(parent):
+    if not _fileio.is_remote(path) and os.path.isdir(parent):
         for entry in sorted(os.listdir(parent)):
             if entry.startswith(f".{base}.old-") and os.path.isfile(
                 os.path.join(parent, entry, HEADER)
@@ -326,7 +339,7 @@ def read_header(path: str) -> dict[str, Any]:
         CheckpointError: missing, unreadable, damaged (ChecksumError) or another
             format version (FormatVersionError); a field of the wrong type, named.
     """
-    path = _resolve(os.path.abspath(os.fspath(path)))
+    path = _resolve(_fileio.absolute(path))
     fname = os.path.join(path, HEADER)
     header = _fileio.read_versioned_json(
         fname, FORMAT, FORMAT_VERSION, what="table header", legacy=_legacy_header
@@ -391,7 +404,7 @@ def _read_arrays(header: dict[str, Any], names: list[str], dim: int) -> dict[str
     for name in names:
         full = os.path.join(d, f"{name}.npy")
         try:
-            out[name] = np.load(full, mmap_mode="r", allow_pickle=False)
+            out[name] = _fileio.load_npy(full, mmap=True)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"Cannot read {full}: {e}.") from None
     return out
@@ -422,7 +435,7 @@ def _read_text(
     else:
         try:
             tbl = pacsv.read_csv(
-                full,
+                _fileio.input_source(full),
                 read_options=pacsv.ReadOptions(column_names=col_names),
                 parse_options=pacsv.ParseOptions(delimiter=" "),
                 convert_options=pacsv.ConvertOptions(column_types=types),
@@ -603,7 +616,7 @@ def _offsets(header: dict[str, Any]) -> npt.NDArray[np.int64]:
         raise CheckpointError(f"{full} is not listed in {HEADER} (order 'bucket' needs it).")
     check_file(full, digest, "Saved table", HEADER)
     try:
-        offsets = np.load(full, allow_pickle=False)
+        offsets = _fileio.load_npy(full)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"Cannot read {full}: {e}.") from None
     n = int(header["count"])
@@ -631,7 +644,7 @@ def _load_sketch(
             os.path.join(d, f"{name}.npy"), header["files"][f"{name}.npy"], "Saved table", HEADER
         )
         try:
-            arrays[name] = np.load(full, allow_pickle=False)
+            arrays[name] = _fileio.load_npy(full)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"Cannot read {full}: {e}.") from None
     which, slices = arrays["sketch_buckets"], arrays["sketch"]

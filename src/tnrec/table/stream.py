@@ -229,12 +229,16 @@ class _Reader:
         self, path: str, dtype: str, shape: tuple[int, ...], digest: str | None, hashing: bool
     ) -> None:
         self.path = path
-        if not os.path.isfile(path):
+        try:
+            there = _fileio.is_file(path)
+        except OSError as e:
+            raise CheckpointError(f"Cannot read {path}: {e}.") from None
+        if not there:
             raise CheckpointError(
                 f"Saved table file {path} is missing (it is listed in table.json)."
             )
         try:
-            self.f = open(path, "rb")  # noqa: SIM115 - closed by close()
+            self.f = _fileio.open_input(path)
         except OSError as e:
             raise CheckpointError(f"Cannot read {path}: {e}.") from None
         try:

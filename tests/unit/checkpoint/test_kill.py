@@ -52,13 +52,17 @@ def child(model_dir, data_dir, kill_at=None, hit=3, wait=True):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    base = tmp_path_factory.mktemp("reference")
+def reference_run(base):
+    """The uninterrupted run: its model dir is ``base/m``; returns ``base``."""
     (base / "data").mkdir()
     res = child(base / "m", base / "data")
     assert res.returncode == 0, res.stderr
     return base
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return reference_run(tmp_path_factory.mktemp("reference"))
 
 
 def loaded(common, model_dir, path):

@@ -92,15 +92,18 @@ def test_a_bad_attempt_count_is_named(monkeypatch, value):
         storage.retry("read", "s3://b/k", lambda: None)
 
 
-def test_writes_to_a_uri_are_refused_before_touching_the_disk(tmp_path, monkeypatch):
+def test_a_directory_is_staged_beside_its_final_path_except_on_an_object_store(tmp_path):
     from tnrec import _fileio
 
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(WriteError, match="not built yet"):
-        _fileio.write_atomic("gs://b/x.json", lambda f: f.write(b"{}"))
-    with pytest.raises(WriteError, match="not built yet"):
-        _fileio.StreamFile("s3://b/rows.bin")
-    assert list(tmp_path.iterdir()) == []
+    assert _fileio.staging_dir(str(tmp_path / "out"), "ab") == str(tmp_path / ".out.tmp-ab")
+    assert _fileio.staging_dir("hdfs://nn:8020/m/out", "ab") == "hdfs://nn:8020/m/.out.tmp-ab"
+    for uri in ("s3://b/m/out", "gs://b/m/out", "abfs://c/m/out"):
+        assert _fileio.staging_dir(uri, "ab") == uri  # no rename: written under the final keys
+    with pytest.raises(WriteError, match="s3://b/m/x: an object store has no rename"):
+        _fileio.publish("s3://b/m/.x.tmp", "s3://b/m/x")
+    # a lock on an object store locks nothing (and writes no lock object)
+    with _fileio.DirLock("s3://b/m"):
+        pass
 
 
 def test_file_uris_in_a_run_config_stay_as_given(tmp_path):
