@@ -14,7 +14,7 @@ from tnrec.cli.inspection import inspect
 from tnrec.cli.run import evaluate, export, part_path, predict
 from tnrec.cli.train import train
 from tnrec.distribute import current_strategy
-from tnrec.errors import TnrecError
+from tnrec.errors import ArgumentError, TnrecError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,6 +69,27 @@ def _parser() -> argparse.ArgumentParser:
         "publish", help="make MODEL_DIR/DT/GEN the current checkpoint (rewrite _checkpoint)"
     )
     cp.add_argument("path", metavar="MODEL_DIR/DT/GEN")
+    v = sub.add_parser("serve", help="an HTTP prediction service over an export")
+    v.add_argument("export", metavar="EXPORT", help="the export directory (or URI) to serve")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=number_arg(int, 0), default=8500, help="(0: any free port)")
+    v.add_argument("--workers", type=positive_int, default=1, help="worker processes (>= 1)")
+    v.add_argument(
+        "--max-batch", type=positive_int, default=256, help="rows merged into one call (>= 1)"
+    )
+    v.add_argument(
+        "--max-wait-ms",
+        type=number_arg(float, 0),
+        default=2.0,
+        help="how long a batch waits for more requests (>= 0)",
+    )
+    v.add_argument(
+        "--max-rows", type=positive_int, default=10_000, help="rows a request may hold (>= 1)"
+    )
+    v.add_argument("--watch", metavar="DIR", help="serve the export DIR/_latest names, reloading")
+    v.add_argument(
+        "--threads", type=positive_int, default=1, help="torch threads per worker (>= 1)"
+    )
     i = sub.add_parser("inspect", help="days, generations, tables of a model dir; one row")
     i.add_argument("path", metavar="MODEL_DIR[/DT]")
     i.add_argument("--table")
@@ -114,11 +135,41 @@ def _run(args: argparse.Namespace) -> None:
         )
         if current_or_new_strategy().rank == 0:
             print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
+    elif args.command == "serve":
+        serve(args)
     elif args.command == "inspect":
         print(inspect(args.path, args.table, args.key, args.json))
     elif args.command == "checkpoint":
         pointer = checkpoint.publish(args.path)
         print(f"{pointer} now names {_fileio.absolute(args.path)}")
+
+
+def serve(args: argparse.Namespace) -> None:
+    """``tnrec serve``: check the export, then run the service until interrupted.
+
+    Raises:
+        ArgumentError: the ``tnrec[serve]`` extra is not installed.
+        CheckpointError: no intact export at ``args.export``.
+    """
+    try:
+        from tnrec.serve import Settings
+        from tnrec.serve import serve as run_service
+    except ImportError as e:
+        raise ArgumentError(
+            f"tnrec serve needs the serve extra ({e}): pip install 'tnrec[serve]'."
+        ) from None
+    from tnrec.export import read_manifest
+
+    read_manifest(args.export)  # a clear error before any worker starts
+    settings = Settings(
+        export=_fileio.absolute(args.export),
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_rows=args.max_rows,
+        watch=_fileio.absolute(args.watch) if args.watch else None,
+        threads=args.threads,
+    )
+    run_service(settings, host=args.host, port=args.port, workers=args.workers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
