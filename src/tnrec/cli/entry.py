@@ -11,7 +11,7 @@ from tnrec.cli.common import current_or_new_strategy, number_arg, to_json
 from tnrec.cli.config import load_config
 from tnrec.cli.demo import demo
 from tnrec.cli.inspection import inspect
-from tnrec.cli.run import evaluate, export, part_path, predict
+from tnrec.cli.run import evaluate, export, part_path, predict, write_latest
 from tnrec.cli.train import train
 from tnrec.distribute import current_strategy
 from tnrec.errors import ArgumentError, TnrecError
@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
         "--min-show", type=number_arg(float, 0), help="drop rows whose show is below this (>= 0)"
     )
     x.add_argument("--onnx", action="store_true", help="also write dense.onnx (needs onnx)")
+    x.add_argument(
+        "--latest",
+        action="store_true",
+        help="then make <parent of --out>/_latest name it (what `tnrec serve --watch` serves)",
+    )
     x.add_argument("--delta", action="store_true", help="rows updated/deleted --since --to")
     x.add_argument("--since", help="delta: the day of the full export it applies to")
     x.add_argument("--to", help="delta: the day it brings the export to")
@@ -135,6 +140,8 @@ def _run(args: argparse.Namespace) -> None:
         )
         if current_or_new_strategy().rank == 0:
             print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
+            if args.latest:
+                print(f"{write_latest(out)} now names it")
     elif args.command == "serve":
         serve(args)
     elif args.command == "inspect":

@@ -17,7 +17,13 @@ from tnrec.cli.artifacts import (
     load_model,
     read_model_json,
 )
-from tnrec.cli.common import CONFIG_FILE, check_number, current_or_new_strategy, dir_problem
+from tnrec.cli.common import (
+    CONFIG_FILE,
+    check_number,
+    current_or_new_strategy,
+    dir_problem,
+    to_json,
+)
 from tnrec.cli.config import (
     ConfigError,
     RunConfig,
@@ -338,4 +344,14 @@ def export(
         _checked_manifest(path, allow_incomplete)
         dirs.append(path)
     _export_strategy(root)
-    return export_lib.export_delta(dirs[0], dirs[1], out, min_show=min_show)
+    model, _ = load_model(root, to)  # the delta carries its dense graph: complete
+    return export_lib.export_delta(dirs[0], dirs[1], out, min_show=min_show, model=model)
+
+
+def write_latest(out: str) -> str:
+    """Make ``<parent of out>/_latest`` name the export ``out`` (what ``tnrec serve --watch``
+    serves); return the pointer's path."""
+    pointer = _fileio.join(_fileio.parent(_fileio.absolute(out).rstrip("/")), "_latest")
+    name = os.path.basename(out.rstrip("/"))
+    _fileio.write_atomic(pointer, lambda f: f.write(to_json({"export": name}).encode()))
+    return pointer

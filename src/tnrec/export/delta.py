@@ -5,6 +5,14 @@ Worker ``r`` of W reads the buckets it owns from both checkpoints
 table: the rows updated since the first checkpoint and the keys deleted. The
 keys of those buckets are exactly the keys of shard ``r`` of any full export
 written by W workers, so a delta's shard ``r`` applies to that shard alone.
+
+Given the model of the second checkpoint (``model=``, as ``tnrec export
+--delta`` does), a delta is complete: it also holds that checkpoint's dense
+graph (``dense.pt2``) and, in its manifest's ``dense``, the fields of a full
+export's manifest that describe it (``feature_spec``, ``num_dense``,
+``inputs``, ``heads``), so the full export of the first checkpoint plus the
+delta gives the full export of the second, for the whole model
+(:meth:`tnrec.serving.Predictor.apply_delta`).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tnrec import _fileio
-from tnrec._fileio import field, fsync_dir, write_json
+from tnrec._fileio import field, fsync_dir, sha256_file, write_bytes, write_json
 from tnrec.errors import ArgumentError
 from tnrec.export.dictionary import (
     check_keys,
@@ -24,7 +32,14 @@ from tnrec.export.dictionary import (
     load_npy,
 )
 from tnrec.export.layout import DELTA_FILES, routing_doc, shard_dir, shard_of
-from tnrec.export.manifest import DELTA_FORMAT, FORMAT_VERSION, MANIFEST, is_number, read_manifest
+from tnrec.export.manifest import (
+    DELTA_FORMAT,
+    FORMAT_VERSION,
+    GRAPH,
+    MANIFEST,
+    is_number,
+    read_manifest,
+)
 from tnrec.export.rows import checkpoint_rows
 from tnrec.export.workers import (
     Workers,
@@ -38,6 +53,7 @@ from tnrec.export.workers import (
 )
 
 if TYPE_CHECKING:
+    from tnrec.export.writer import Model
     from tnrec.ps import ParameterServer
 
 
@@ -57,6 +73,7 @@ def export_delta(
     *,
     min_show: float | None = None,
     ps: ParameterServer | None = None,
+    model: Model | None = None,
 ) -> str:
     """Write the rows updated and the keys deleted between two checkpoints to ``path``.
 
@@ -73,6 +90,8 @@ def export_delta(
         min_show: the full exports' pruning threshold, or None.
         ps: the workers to share the work among; by default those of the
             current :class:`~tnrec.distribute.PsStrategy`, or this process alone.
+        model: the model as of ``to_ckpt``, to make the delta complete (its dense
+            graph and spec; rank 0 traces it), or None for the rows alone.
 
     Raises:
         ArgumentError: ``path`` exists or ``min_show`` is not a number.
@@ -95,6 +114,10 @@ def export_delta(
             "since_generation": _generation(since_ckpt),
             "to_generation": _generation(to_ckpt),
         }
+        if model is not None and workers.rank == 0:
+            from tnrec.export.writer import dense_plan
+
+            plan["dense"] = dense_plan(model)
 
     workers.agree(workers.attempt(check), "read the checkpoints")
     rows = plan["rows"]
@@ -129,6 +152,12 @@ def export_delta(
             "tables": docs,
             "files": files,
         }
+        dense = plan.get("dense")
+        if dense is not None:
+            write_bytes(os.path.join(tmp, GRAPH), dense["graph"])
+            files[GRAPH] = sha256_file(os.path.join(tmp, GRAPH))
+            keys = ("feature_spec", "num_dense", "inputs", "heads")
+            manifest["dense"] = {k: dense[k] for k in keys}
         write_json(os.path.join(tmp, MANIFEST), manifest, atomic=False)
 
     return write_sharded(workers, [f"embeddings/{n}" for n in names], write_shards, finish)

@@ -174,6 +174,29 @@ def check_full_manifest(doc: dict[str, Any], where: str) -> None:
     """Check every field of a full export's manifest that a reader uses, and their agreement."""
     _check_common(doc, where)
     _optional(doc, "dt", str, where)
+    tables = field(doc, "tables", dict, where)
+    num_shards = _num_shards(doc, where)
+    for _, t, w in _table_entries(tables, where):
+        _count(t, "dim", w, 1), _count(t, "count", w)
+        _check_shards(doc, t, w, num_shards, ("count",))
+    check_dense_fields(doc, tables, where)
+    onnx = _optional(doc, "onnx", dict, where)
+    version = _version(doc)
+    required = [GRAPH] + [f for t in tables for f in shard_files(t, num_shards, version)]
+    if onnx is not None:
+        required.append(field(onnx, "file", str, f"{where}: onnx"))
+        (
+            field(onnx, "inputs", list, f"{where}: onnx"),
+            field(onnx, "outputs", list, f"{where}: onnx"),
+        )
+    _check_files(doc, where, required)
+    if doc.get("format_version") != LEGACY_VERSION:
+        check_provenance(field(doc, "provenance", dict, where), f"{where}: provenance")
+
+
+def check_dense_fields(doc: dict[str, Any], tables: dict[str, Any], where: str) -> None:
+    """Check what the Predictor builds its inputs from: ``feature_spec``, ``num_dense``,
+    ``inputs`` (against ``tables``) and ``heads``."""
     spec = field(doc, "feature_spec", dict, where)
     try:
         by_key = {c.key: c for c in from_spec(spec)}
@@ -185,11 +208,6 @@ def check_full_manifest(doc: dict[str, Any], where: str) -> None:
         raise _bad(
             where, "num_dense", f"{numeric} (the numeric columns of feature_spec)", num_dense
         )
-    tables = field(doc, "tables", dict, where)
-    num_shards = _num_shards(doc, where)
-    for _, t, w in _table_entries(tables, where):
-        _count(t, "dim", w, 1), _count(t, "count", w)
-        _check_shards(doc, t, w, num_shards, ("count",))
     inputs = field(doc, "inputs", list, where)
     for i, spec_i in enumerate(inputs):
         _check_input(spec_i, f"{where}: inputs[{i}]", tables, by_key)
@@ -205,18 +223,6 @@ def check_full_manifest(doc: dict[str, Any], where: str) -> None:
             raise _bad(w, "prediction", f"one of {sorted(PREDICTIONS)}", head["prediction"])
     if len({h["name"] for h in heads}) != len(heads):
         raise _bad(where, "heads", "heads with distinct names", heads)
-    onnx = _optional(doc, "onnx", dict, where)
-    version = _version(doc)
-    required = [GRAPH] + [f for t in tables for f in shard_files(t, num_shards, version)]
-    if onnx is not None:
-        required.append(field(onnx, "file", str, f"{where}: onnx"))
-        (
-            field(onnx, "inputs", list, f"{where}: onnx"),
-            field(onnx, "outputs", list, f"{where}: onnx"),
-        )
-    _check_files(doc, where, required)
-    if doc.get("format_version") != LEGACY_VERSION:
-        check_provenance(field(doc, "provenance", dict, where), f"{where}: provenance")
 
 
 def _check_input(spec: Any, where: str, tables: dict[str, Any], by_key: dict[str, Any]) -> None:
@@ -259,6 +265,10 @@ def _check_delta(doc: dict[str, Any], where: str) -> None:
         _check_shards(doc, t, w, num_shards, ("updated", "deleted"))
     version = _version(doc)
     required = [f for t in tables for f in shard_files(t, num_shards, version, DELTA_FILES)]
+    dense = _optional(doc, "dense", dict, where) if "dense" in doc else None
+    if dense is not None:  # a complete delta: the dense part of the second checkpoint too
+        check_dense_fields(dense, tables, f"{where}: dense")
+        required.append(GRAPH)
     _check_files(doc, where, required)
 
 

@@ -214,7 +214,7 @@ def _plan(
             _check_owned(name, given, workers)
             plan["dims"][name] = int(np.asarray(given["weights"]).shape[1])
     if workers.rank == 0:
-        plan.update(_dense_plan(model))
+        plan.update(dense_plan(model))
     return plan
 
 
@@ -231,7 +231,7 @@ def _kept_rows(
     return keys[keep], weights[keep]
 
 
-def _dense_plan(model: Model) -> dict[str, Any]:
+def dense_plan(model: Model) -> dict[str, Any]:
     """The feature spec, the graph's inputs and heads, and the serialised dense graph."""
     from tnrec.layers.spec import feature_spec
 

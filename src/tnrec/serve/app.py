@@ -129,17 +129,22 @@ class Service:
             doc = orjson.loads(await request.body())
         except orjson.JSONDecodeError as e:
             return _error(f"The body is not valid JSON: {e}.")
-        export = doc.get("export") if isinstance(doc, dict) else None
-        if not isinstance(export, str) or not export:
-            return _error('The body must be {"export": "<export directory or URI>"}.')
+        keys = doc.keys() & {"export", "delta"} if isinstance(doc, dict) else set()
+        target = doc[next(iter(keys))] if len(keys) == 1 else None
+        if not isinstance(target, str) or not target:
+            return _error(
+                'The body must be {"export": "<export directory or URI>"} or '
+                '{"delta": "<delta export directory or URI>"}.'
+            )
+        delta = "delta" in keys
         previous = self.slot.current.version if self.slot.current else None
         try:
-            loaded = await asyncio.to_thread(self.slot.reload, export)
+            loaded = await asyncio.to_thread(self.slot.reload, target, delta)
         except TnrecError as e:
             return _json(
                 {"error": f"{type(e).__name__}: {e}", "model_version": previous}, status=422
             )
-        self._tell_other_workers(loaded.path)
+        self._tell_other_workers(target, delta)
         return _json(
             {"model_version": loaded.version, "previous": previous, "load_s": loaded.load_s}
         )
@@ -165,17 +170,20 @@ class Service:
 
     # ------------------------------------------------------------ reloads across workers
 
-    def _tell_other_workers(self, path: str) -> None:
-        """Name the export in the shared control file; the other workers' watchers load it."""
+    def _tell_other_workers(self, path: str, delta: bool = False) -> None:
+        """Name the export (or the delta) in the shared control file; the other workers'
+        watchers load it."""
         if self.settings.state_dir is None:
             return
-        doc = orjson.dumps({"export": path, "at": time.time(), "pid": os.getpid()})
+        key = "delta" if delta else "export"
+        doc = orjson.dumps({key: path, "at": time.time(), "pid": os.getpid()})
         control = os.path.join(self.settings.state_dir, CONTROL_FILE)
         _fileio.write_atomic(control, lambda f: f.write(doc))
         self._control_seen = doc
 
-    def _wanted(self) -> str | None:
-        """The export the control file or the --watch dir names, if it is not being served."""
+    def _wanted(self) -> tuple[str, bool] | None:
+        """``(path, is a delta)`` the control file or the --watch dir names, if it is not
+        being served."""
         s = self.settings
         if s.state_dir is not None:
             control = os.path.join(s.state_dir, CONTROL_FILE)
@@ -183,7 +191,8 @@ class Service:
                 raw = _fileio.read_bytes(control)
                 if raw != self._control_seen:
                     self._control_seen = raw
-                    return str(orjson.loads(raw)["export"])
+                    doc = orjson.loads(raw)
+                    return (doc["delta"], True) if "delta" in doc else (doc["export"], False)
         if s.watch is not None:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 doc = orjson.loads(_fileio.read_bytes(_fileio.join(s.watch, LATEST)))
@@ -192,22 +201,23 @@ class Service:
                 path = _fileio.absolute(name if remote_or_abs else _fileio.join(s.watch, name))
                 current = self.slot.current
                 if (current is None or path != current.path) and path != self._failed_watch:
-                    return path
+                    return path, False
         return None
 
     async def watch(self) -> None:
         """Poll the control file and the --watch dir; reload what they name."""
         while True:
             await asyncio.sleep(self.settings.poll_s)
-            path = self._wanted()
-            if path is None:
+            wanted = self._wanted()
+            if wanted is None:
                 continue
+            path, delta = wanted
             try:
-                loaded = await asyncio.to_thread(self.slot.reload, path)
+                loaded = await asyncio.to_thread(self.slot.reload, path, delta)
             except TnrecError:
                 self._failed_watch = path  # not retried until _latest names another export
                 continue
-            if self.settings.watch is not None:
+            if self.settings.watch is not None and not delta:
                 self._tell_other_workers(loaded.path)
 
     # ------------------------------------------------------------ lifecycle

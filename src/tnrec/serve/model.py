@@ -35,6 +35,20 @@ class Loaded:
     load_s: float
 
 
+def _version(path: str, name: str) -> str:
+    """``<name>@<first 12 hex digits of the sha256 of path/manifest.json>``."""
+    manifest = _fileio.read_bytes(_fileio.join(path, MANIFEST))
+    return f"{name}@{hashlib.sha256(manifest).hexdigest()[:12]}"
+
+
+def _dictionary_bytes(predictor: Predictor) -> int:
+    return sum(
+        int(keys.nbytes) + int(weights.nbytes)
+        for shards in predictor.dictionaries.values()
+        for keys, weights in shards.values()
+    )
+
+
 def load(path: str) -> Loaded:
     """Load and verify the export at ``path``.
 
@@ -43,15 +57,28 @@ def load(path: str) -> Loaded:
     """
     t0 = time.perf_counter()
     predictor = Predictor(path)
-    manifest = _fileio.read_bytes(_fileio.join(predictor.path, MANIFEST))
-    name = os.path.basename(predictor.path.rstrip("/"))
-    version = f"{name}@{hashlib.sha256(manifest).hexdigest()[:12]}"
-    nbytes = sum(
-        int(keys.nbytes) + int(weights.nbytes)
-        for shards in predictor.dictionaries.values()
-        for keys, weights in shards.values()
-    )
+    version = _version(predictor.path, _name(predictor.path))
+    nbytes = _dictionary_bytes(predictor)
     return Loaded(predictor, predictor.path, version, nbytes, time.perf_counter() - t0)
+
+
+def _name(path: str) -> str:
+    return os.path.basename(path.rstrip("/"))
+
+
+def with_delta(current: Loaded, path: str) -> Loaded:
+    """``current`` with the delta export at ``path`` applied (a new Predictor beside it).
+
+    Raises:
+        TnrecError: the delta is missing, damaged, for another base, or has no dense graph.
+    """
+    t0 = time.perf_counter()
+    predictor = current.predictor.with_delta(path)
+    where = _fileio.absolute(path)
+    base = current.version.partition("@")[0]
+    version = _version(where, f"{base}+{_name(where)}")
+    nbytes = _dictionary_bytes(predictor)
+    return Loaded(predictor, current.path, version, nbytes, time.perf_counter() - t0)
 
 
 class ModelSlot:
@@ -64,8 +91,9 @@ class ModelSlot:
         self.reloads = 0
         self._lock = threading.Lock()
 
-    def reload(self, path: str) -> Loaded:
-        """Load ``path`` beside the current model and serve it; return it (blocking).
+    def reload(self, path: str, delta: bool = False) -> Loaded:
+        """Load the export ``path`` (with ``delta``: apply the delta export ``path`` to the
+        current model) beside the current model and serve it; return it (blocking).
 
         Raises:
             TnrecError: the load failed; the current model keeps serving.
@@ -73,7 +101,9 @@ class ModelSlot:
         with self._lock:
             t0 = time.perf_counter()
             try:
-                new = load(path)
+                if delta and self.current is None:
+                    raise TnrecError("No model is loaded to apply a delta to.")
+                new = with_delta(self.current, path) if delta else load(path)  # type: ignore[arg-type]
             except TnrecError as e:
                 self.metrics.loads.labels("failed").inc()
                 self.last_error = f"{type(e).__name__}: {e}"
