@@ -20,28 +20,40 @@ import io
 import numbers
 import os
 import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
+import numba as nb
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import torch
 
 from tnrec import _fileio
-from tnrec._hashing import bucket_of
-from tnrec.data.decode import to_batch
+from tnrec._hashing import bucket_of, mix64_scalar
+from tnrec.data.batch import Batch
+from tnrec.data.decode import decode, make_schema
 from tnrec.errors import ArgumentError, CheckpointError, DataError, TableKeyError
 from tnrec.export import GRAPH, MANIFEST, load_shard, read_manifest
+from tnrec.export.dictionary import key_index, read_rows
 from tnrec.export.layout import shard_dir
 from tnrec.export.manifest import verify_files
 from tnrec.feature_column import (
     BucketizedColumn,
+    CategoryColumn,
     Column,
     NumericColumn,
     from_spec,
+    name_hash,
 )
+from tnrec.feature_column._hash import _fnv1a64
+from tnrec.feature_column.arrow import _string_buffers
 from tnrec.layers.pooling import bag_scales, pool_rows, sequence_positions
 from tnrec.losses import PREDICTIONS
+from tnrec.ps import unique_inverse
 
 _INT64 = (-(2**63), 2**63)
 _repr = reprlib.Repr()
@@ -121,14 +133,26 @@ class Predictor:
         self.graph = _load_graph(_fileio.join(self.path, GRAPH))
         self.required = [c.key for c in self.columns]
         self._by_key = {c.key: c for c in self.columns}
-        self._by_table: dict[str, list[int]] = {}
+        # Everything a call needs that depends on the export only, built once:
+        # the readers' schema, the key index of every shard, each table's plan
+        # and the fast path's column plan.
+        self._schema = make_schema(self.columns, None, None)
+        self._index: dict[tuple[str, int], tuple[np.ndarray, tuple[np.ndarray, int]]] = {}
+        for t, parts in self.dictionaries.items():
+            for r, (dict_keys, _) in parts.items():
+                self._key_index(t, r, dict_keys)
+        grid = {c.key: s for s, c in enumerate(self._schema.sparse)}  # the fast path's rows
+        by_table: dict[str, list[int]] = {}
         for i, spec in enumerate(self.inputs):
-            self._by_table.setdefault(spec["table"], []).append(i)
+            by_table.setdefault(spec["table"], []).append(i)
+        self._tables = {t: _table_plan(self.inputs, idx, grid) for t, idx in by_table.items()}
+        self._fast = _fast_plan(self._schema.sparse, self._schema.dense)
 
     # ------------------------------------------------------------ rows -> Arrow
 
     def _check_present(self, names: Sequence[str]) -> None:
-        missing = [k for k in self.required if k not in set(names)]
+        there = set(names)
+        missing = [k for k in self.required if k not in there]
         if missing:
             raise DataError(
                 f"Predictor.predict: the rows lack feature columns {missing} "
@@ -191,8 +215,10 @@ class Predictor:
         """Hash ``rows`` into a batch with the readers' code; name the row of a bad value."""
         raw = self._raw_columns(rows)
         table = raw if isinstance(raw, pa.Table) else self._arrow(raw)
-        try:
-            batch = to_batch(table, self.columns)
+        try:  # tnrec.data.to_batch, with the schema built once
+            d = decode(self._schema, table, np.arange(table.num_rows, dtype=np.int64))
+            if d.first_bad is not None:
+                raise DataError(f"row {d.first_bad[0]}: {d.first_bad[1]}.")
         except DataError as e:
             if not isinstance(raw, pa.Table):
                 for k, values in raw.items():
@@ -200,7 +226,7 @@ class Predictor:
                     if found is not None:
                         raise _row_error(self._by_key[k], *found) from None
             raise DataError(f"Predictor.predict: {e}") from None
-        return batch
+        return d.batch
 
     # ------------------------------------------------------------ the network
 
@@ -243,14 +269,22 @@ class Predictor:
             )
         return self._lookup(table, np.ascontiguousarray(arr))
 
+    def _key_index(self, table: str, r: int, dict_keys: np.ndarray) -> tuple[np.ndarray, int]:
+        """The key index of shard ``r`` of ``table``, built anew if its keys were replaced."""
+        got = self._index.get((table, r))
+        if got is None or got[0] is not dict_keys:
+            got = self._index[(table, r)] = (dict_keys, key_index(dict_keys))
+        return got[1]
+
     def _lookup(self, table: str, keys: np.ndarray) -> np.ndarray:
         shards = self.dictionaries[table]
         W = self.num_shards
-        out = np.zeros((keys.shape[0], self.manifest["tables"][table]["dim"]), np.float32)  # [N, D]
+        out = np.empty((keys.shape[0], self.manifest["tables"][table]["dim"]), np.float32)  # [N, D]
         if keys.shape[0] == 0:
             return out
         if W == 1:  # one shard, always loaded
-            _rows_into(out, slice(None), keys, *shards[0])
+            index = self._key_index(table, 0, shards[0][0])
+            read_rows(*shards[0], index, keys, np.arange(keys.shape[0], dtype=np.int64), out)
             return out
         owner = bucket_of(keys) % W  # [N] the shard of each key
         order = np.argsort(owner, kind="stable")
@@ -266,7 +300,7 @@ class Predictor:
                     f"(shards={list(self.shards)}); load that shard or send the row to a "
                     "Predictor that has it."
                 )
-            _rows_into(out, at, keys[at], *shards[r])
+            read_rows(*shards[r], self._key_index(table, r, shards[r][0]), keys[at], at, out)
         return out
 
     def _empty(self) -> Any:
@@ -295,55 +329,85 @@ class Predictor:
             TableKeyError: a key of the rows belongs to a shard this Predictor
                 did not load (``shards``).
         """
-        batch = self._batch(rows)
-        B = batch.size
-        if B == 0:
-            return self._empty()
-        # One dictionary lookup per table over all its columns, then pool every
-        # pooled column of the table in one kernel call (bag c*B + b).
+        fast = _fast_inputs(self._fast, rows) if self._fast is not None else None
+        if fast is not None:
+            B, grid_keys, grid_present, dense = fast
+        else:
+            batch = self._batch(rows)
+            B, dense = batch.size, batch.dense
+            if B == 0:
+                return self._empty()
+        # Tables over the same columns (a deep and a wide table) share their bags.
+        bags: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         values: dict[int, Any] = {}
-        for tname, idx in self._by_table.items():
-            jags = [batch.sparse[self.inputs[i]["column"]] for i in idx]
-            keys = np.concatenate([j.keys[j.offsets[0] : j.offsets[-1]] for j in jags])
-            rows_ = self._lookup(tname, keys)  # [N, D]
-            starts = np.cumsum([0] + [int(j.offsets[-1] - j.offsets[0]) for j in jags])
-            pooled_idx = [k for k, i in enumerate(idx) if not self.inputs[i]["sequence"]]
-            if pooled_idx:
-                offsets = np.concatenate(
-                    [[0]]
-                    + [jags[k].offsets[1:] - jags[k].offsets[0] + starts[k] for k in pooled_idx]
-                ).astype(np.int64)
-                vids = np.concatenate(
-                    [np.arange(starts[k], starts[k + 1], dtype=np.int64) for k in pooled_idx]
-                )
-                scales = np.concatenate(
-                    [
-                        bag_scales(np.diff(jags[k].offsets), self.inputs[idx[k]]["combiner"])
-                        for k in pooled_idx
-                    ]
-                )
-                out = pool_rows(rows_, vids, offsets, scales, B)  # [C*B, D]
-                for n, k in enumerate(pooled_idx):
-                    values[idx[k]] = torch.from_numpy(out[n * B : (n + 1) * B])
-            for k, i in enumerate(idx):
-                spec = self.inputs[i]
-                if not spec["sequence"]:
-                    continue
-                T, D = spec["max_length"], spec["dim"]
-                keep, pos, lengths = sequence_positions(jags[k].offsets, T)
-                grid = np.zeros((B * T, D), np.float32)
-                grid[pos] = rows_[starts[k] : starts[k + 1]][keep]
-                values[i] = (torch.from_numpy(grid.reshape(B, T, D)), torch.from_numpy(lengths))
+        for tname, plan in self._tables.items():
+            if plan.columns not in bags:
+                if fast is not None:
+                    keys, offsets = _grid_bags(grid_keys, grid_present, plan.grid)
+                else:
+                    keys, offsets = _batch_bags(batch, plan.columns)
+                unique, vids = unique_inverse(keys)  # [U], [N]: training's temporary matrix
+                bags[plan.columns] = (unique, vids, offsets)
+            self._table_values(tname, plan, *bags[plan.columns], B, values)
         args: list[torch.Tensor] = []
         for i in range(len(self.inputs)):
             v = values[i]
             args.extend(v if isinstance(v, tuple) else (v,))
-        args.append(torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32)))
+        args.append(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)))
         outs = self._run(args, B)
         result = {}
         for head, output in zip(self.heads, outs, strict=True):
             result[head["name"]] = PREDICTIONS[head["prediction"]](output).numpy()
         return result[""] if list(result) == [""] else result
+
+    def _table_values(
+        self,
+        tname: str,
+        plan: _TablePlan,
+        unique: npt.NDArray[np.int64],
+        vids: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
+        B: int,
+        values: dict[int, Any],
+    ) -> None:
+        """Look up one table's keys once, then pool its columns in one kernel call.
+
+        The table's C columns are bags over ``unique[U]`` keys: occurrence n is
+        key ``unique[vids[n]]``, bag ``c*B + b`` (column c, row b) holds
+        occurrences ``offsets[c*B + b] : offsets[c*B + b + 1]`` (pooling's
+        layout). Writes the graph input of each column to ``values[input index]``.
+        """
+        rows_ = self._lookup(tname, unique)  # [U, D]
+        if plan.pooled:
+            if len(plan.pooled) == len(plan.inputs):
+                pooled_vids, offs = vids, offsets
+            else:
+                at, offs = _select_bags(offsets, plan.pooled, B)
+                pooled_vids = vids[at]
+            lengths = np.diff(offs)  # [C'*B]
+            if plan.combiner is not None:
+                scales = bag_scales(lengths, plan.combiner)
+            else:
+                scales = np.concatenate(
+                    [
+                        bag_scales(
+                            lengths[n * B : (n + 1) * B], self.inputs[plan.inputs[k]]["combiner"]
+                        )
+                        for n, k in enumerate(plan.pooled)
+                    ]
+                )
+            out = pool_rows(rows_, pooled_vids, offs, scales, B)  # [C'*B, D]
+            for n, k in enumerate(plan.pooled):
+                values[plan.inputs[k]] = torch.from_numpy(out[n * B : (n + 1) * B])
+        for k, i in enumerate(plan.inputs):
+            spec = self.inputs[i]
+            if not spec["sequence"]:
+                continue
+            T, D = spec["max_length"], spec["dim"]
+            keep, pos, lengths = sequence_positions(offsets[k * B : (k + 1) * B + 1], T)
+            grid = np.zeros((B * T, D), np.float32)
+            grid[pos] = rows_[vids[offsets[k * B] : offsets[(k + 1) * B]][keep]]
+            values[i] = (torch.from_numpy(grid.reshape(B, T, D)), torch.from_numpy(lengths))
 
     def _run(self, args: list[torch.Tensor], B: int) -> tuple[torch.Tensor, ...]:
         where = f"Export {self.path}: the dense graph {GRAPH}"
@@ -406,18 +470,257 @@ def _check_shards(shards: Any, num_shards: int, path: str) -> tuple[int, ...]:
     return tuple(sorted(int(r) for r in shards))
 
 
-def _rows_into(
-    out: np.ndarray, at: Any, keys: np.ndarray, dict_keys: np.ndarray, weights: np.ndarray
-) -> None:
-    """``out[at] = `` the rows of ``keys`` in one shard (a key not there stays zeros)."""
-    if dict_keys.shape[0] == 0:
-        return
-    pos = np.searchsorted(dict_keys, keys)
-    pos_c = np.minimum(pos, dict_keys.shape[0] - 1)
-    hit = dict_keys[pos_c] == keys
-    rows = np.zeros((keys.shape[0], out.shape[1]), np.float32)  # [n, D]
-    rows[hit] = weights[pos_c[hit]]
-    out[at] = rows
+# ---------------------------------------------------------------- tables and bags
+
+
+@dataclass(frozen=True)
+class _TablePlan:
+    """One table's columns: their inputs, rows of the fast path's grid, which are pooled."""
+
+    inputs: tuple[int, ...]  # indices into the manifest's inputs, in order
+    columns: tuple[str, ...]  # their columns
+    grid: slice | npt.NDArray[np.int64]  # their columns' rows in the fast path's key grid
+    pooled: tuple[int, ...]  # positions (into ``inputs``) of the pooled columns
+    combiner: str | None  # the pooled columns' combiner if they share one
+
+
+def _table_plan(inputs: list[dict[str, Any]], idx: list[int], grid: dict[str, int]) -> _TablePlan:
+    pooled = tuple(k for k, i in enumerate(idx) if not inputs[i]["sequence"])
+    combiners = {inputs[idx[k]]["combiner"] for k in pooled}
+    rows = [grid[inputs[i]["column"]] for i in idx]
+    return _TablePlan(
+        tuple(idx),
+        tuple(inputs[i]["column"] for i in idx),
+        slice(None) if rows == list(range(len(grid))) else np.array(rows, np.int64),
+        pooled,
+        combiners.pop() if len(combiners) == 1 else None,
+    )
+
+
+def _batch_bags(
+    batch: Batch, columns: tuple[str, ...]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(keys[N], offsets[C*B + 1])``: the jagged ``columns`` of ``batch`` as bags."""
+    B = batch.size
+    jags = [batch.sparse[c] for c in columns]
+    keys = np.concatenate([j.keys[j.offsets[0] : j.offsets[-1]] for j in jags])  # [N]
+    offsets = np.zeros(len(jags) * B + 1, np.int64)  # [C*B + 1]
+    at = 0
+    for n, j in enumerate(jags):
+        offsets[n * B + 1 : (n + 1) * B + 1] = j.offsets[1:] - j.offsets[0] + at
+        at += int(j.offsets[-1] - j.offsets[0])
+    return keys, offsets
+
+
+def _grid_bags(
+    keys: npt.NDArray[np.int64], present: npt.NDArray[np.bool_], rows: Any
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(keys[N], offsets[C*B + 1])`` of single-valued columns: rows ``rows`` of the grid."""
+    m = present[rows]  # [C, B]
+    offsets = np.zeros(m.size + 1, np.int64)  # [C*B + 1], bags of 0 or 1 key
+    np.cumsum(m.reshape(-1), out=offsets[1:])
+    return keys[rows][m], offsets
+
+
+def _select_bags(
+    offsets: npt.NDArray[np.int64], cols: tuple[int, ...], B: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(occurrences, offsets)`` of the bags of columns ``cols`` only (the rest are sequences)."""
+    vids, offs, at = [], [np.zeros(1, np.int64)], 0
+    for k in cols:
+        lo, hi = int(offsets[k * B]), int(offsets[(k + 1) * B])
+        vids.append(np.arange(lo, hi, dtype=np.int64))
+        offs.append(offsets[k * B + 1 : (k + 1) * B + 1] - lo + at)
+        at += hi - lo
+    return np.concatenate(vids), np.concatenate(offs)
+
+
+# ---------------------------------------------------------------- the fast path
+#
+# Most requests hold one plain value per column: a str or int per categorical
+# column, a number per numeric one. The fast path reads such rows without
+# building an Arrow table per column: one Arrow array per kind of column (all
+# values of all str columns, of all int columns, of all numeric columns), then
+# one kernel hashes every categorical column into a key grid ``[S, B]`` (S
+# categorical columns) with the readers' key function. It takes a batch only if
+# each array has exactly the type the readers would see column by column
+# (string, int64, int64/double, or all null) and every number is finite, so its
+# keys and features equal the readers' bit for bit; anything else (lists,
+# bytes, bools, numeric text, absent keys, bad values) returns None and the
+# general path reads the rows, or names the bad value.
+
+
+@dataclass(frozen=True)
+class _FastPlan:
+    """The columns the fast path reads, by kind; ``*_rows`` are their rows in the key grid."""
+
+    num_sparse: int
+    str_keys: tuple[str, ...]
+    str_hashes: npt.NDArray[np.uint64]
+    str_rows: npt.NDArray[np.int64]
+    int_keys: tuple[str, ...]
+    int_hashes: npt.NDArray[np.uint64]
+    int_rows: npt.NDArray[np.int64]
+    num_keys: tuple[str, ...]
+    defaults: npt.NDArray[np.float64]  # [F, 1]
+    transforms: tuple[tuple[slice | npt.NDArray[np.int64], NumericColumn], ...]
+
+
+def _fast_plan(sparse: Sequence[Any], dense: Sequence[NumericColumn]) -> _FastPlan | None:
+    """The fast path's plan, or None if a column is of a kind it does not read."""
+    cats = [c for c in sparse if type(c) is CategoryColumn]
+    if len(cats) != len(sparse):
+        return None  # sequences and bucketized columns go the general way
+
+    def of(dtype: str) -> tuple[tuple[str, ...], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+        at = [s for s, c in enumerate(cats) if c.dtype == dtype]
+        hashes = [name_hash(cats[s].identity) for s in at]
+        return tuple(cats[s].key for s in at), np.array(hashes, np.uint64), np.array(at, np.int64)
+
+    groups: dict[tuple[Any, ...], list[int]] = {}  # columns with the same transforms
+    for f, col in enumerate(dense):
+        if col.transforms:
+            groups.setdefault(col.transforms, []).append(f)
+    transforms = tuple(
+        (slice(f[0], f[-1] + 1) if f == list(range(f[0], f[-1] + 1)) else np.array(f), dense[f[0]])
+        for f in groups.values()
+    )
+    return _FastPlan(
+        len(sparse),
+        *of("str"),
+        *of("int"),
+        tuple(c.key for c in dense),
+        np.array([[c.default] for c in dense], np.float64).reshape(len(dense), 1),
+        transforms,
+    )
+
+
+def _flat(rows: Any, keys: tuple[str, ...]) -> list[Any]:
+    """The values of ``keys`` in every row: row-major for a list of dicts, else column-major."""
+    if isinstance(rows, dict):
+        return list(chain.from_iterable(rows[k] for k in keys))
+    get: Callable[[Any], Any] = itemgetter(*keys)
+    return list(map(get, rows) if len(keys) == 1 else chain.from_iterable(map(get, rows)))
+
+
+def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None:
+    """``(B, keys[S, B], present[S, B], dense[B, F])`` of single-valued rows, or None."""
+    if type(rows) is list:  # of dicts holding every column (KeyError otherwise)
+        B = len(rows)
+        if B == 0 or set(map(type, rows)) != {dict}:
+            return None
+    elif type(rows) is dict:  # of equal-length lists
+        lengths = {len(v) if type(v) is list else -1 for v in rows.values()}
+        B = lengths.pop() if len(lengths) == 1 else -1
+        if B <= 0:
+            return None
+    else:
+        return None
+    row_major = type(rows) is list
+    keys = np.empty((plan.num_sparse, B), np.uint64)  # [S, B]
+    present = np.empty((plan.num_sparse, B), np.bool_)  # [S, B]
+    try:  # any failure (an absent key, a value Arrow refuses): the general path names it
+        strs = pa.array(_flat(rows, plan.str_keys)) if plan.str_keys else None
+        ints = pa.array(_flat(rows, plan.int_keys)) if plan.int_keys else None
+        nums = pa.array(_flat(rows, plan.num_keys)) if plan.num_keys else None
+    except Exception:
+        return None
+    if strs is not None:
+        if not (pa.types.is_string(strs.type) or pa.types.is_null(strs.type)):
+            return None
+        offs, data, valid = _string_buffers(strs)
+        _hash_str_grid(
+            offs, data, valid, plan.str_hashes, plan.str_rows, B, row_major, keys, present
+        )
+    if ints is not None:
+        if not (pa.types.is_int64(ints.type) or pa.types.is_null(ints.type)):
+            return None
+        valid = np.asarray(ints.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+        vals = ints.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        _hash_int_grid(
+            vals.view(np.uint64), valid, plan.int_hashes, plan.int_rows, B, row_major, keys, present
+        )
+    dense = _fast_dense(plan, nums, B, row_major)
+    return None if dense is None else (B, keys.view(np.int64), present, dense)
+
+
+def _fast_dense(plan: _FastPlan, nums: pa.Array | None, B: int, row_major: bool) -> Any:
+    """``dense[B, F]`` float32 as the readers compute it, or None (a type or value to name)."""
+    F = len(plan.num_keys)
+    if nums is None:
+        return np.zeros((B, 0), np.float32)
+    t = nums.type
+    if not (pa.types.is_int64(t) or pa.types.is_float64(t) or pa.types.is_null(t)):
+        return None
+    # ints to the nearest float64, as the readers cast them (safe=False); nulls to NaN
+    x = np.asarray(nums.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), np.float64)
+    x = x.reshape(B, F).T if row_major else x.reshape(F, B)  # [F, B]
+    if np.isinf(x).any():
+        return None
+    x = np.where(np.isnan(x), plan.defaults, x)  # [F, B], a new C-contiguous array
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for rows, col in plan.transforms:
+            x[rows] = col.apply(x[rows])
+        y = x.astype(np.float32)  # [F, B]
+    if not np.isfinite(y).all():
+        return None
+    return np.ascontiguousarray(y.T)  # [B, F]
+
+
+@nb.njit(nogil=True, cache=True)
+def _hash_str_grid(
+    str_offsets: np.ndarray,
+    data: np.ndarray,
+    valid: np.ndarray,
+    col_hashes: np.ndarray,
+    grid_rows: np.ndarray,
+    B: int,
+    row_major: bool,
+    keys: np.ndarray,
+    present: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Hash value ``j`` (``b*C + c`` row-major, else ``c*B + b``) of C str columns to ``keys``.
+
+    The readers' key (:mod:`tnrec.feature_column._hash`): ``mix64(fnv1a64(utf8) ^ h_col)``;
+    a null or empty string is no key.
+    """
+    C = col_hashes.shape[0]
+    for c in range(C):
+        g = grid_rows[c]
+        for b in range(B):
+            j = b * C + c if row_major else c * B + b
+            lo, hi = str_offsets[j], str_offsets[j + 1]
+            if valid[j] and hi > lo:
+                present[g, b] = True
+                keys[g, b] = mix64_scalar(_fnv1a64(data, lo, hi) ^ col_hashes[c])
+            else:
+                present[g, b] = False
+                keys[g, b] = 0
+
+
+@nb.njit(nogil=True, cache=True)
+def _hash_int_grid(
+    values: np.ndarray,
+    valid: np.ndarray,
+    col_hashes: np.ndarray,
+    grid_rows: np.ndarray,
+    B: int,
+    row_major: bool,
+    keys: np.ndarray,
+    present: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Hash int values like :func:`_hash_str_grid`: ``mix64(mix64(uint64(v)) ^ h_col)``."""
+    C = col_hashes.shape[0]
+    for c in range(C):
+        g = grid_rows[c]
+        for b in range(B):
+            j = b * C + c if row_major else c * B + b
+            if valid[j]:
+                present[g, b] = True
+                keys[g, b] = mix64_scalar(mix64_scalar(values[j]) ^ col_hashes[c])
+            else:
+                present[g, b] = False
+                keys[g, b] = 0
 
 
 # ---------------------------------------------------------------- naming a bad value
