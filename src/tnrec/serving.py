@@ -38,7 +38,7 @@ from tnrec.data.batch import Batch
 from tnrec.data.decode import decode, make_schema
 from tnrec.errors import ArgumentError, CheckpointError, DataError, TableKeyError
 from tnrec.export import GRAPH, MANIFEST, load_shard, read_manifest
-from tnrec.export.dictionary import key_index, read_rows
+from tnrec.export.dictionary import find_rows, key_index, take_rows
 from tnrec.export.layout import shard_dir
 from tnrec.export.manifest import verify_files
 from tnrec.feature_column import (
@@ -138,6 +138,7 @@ class Predictor:
         # and the fast path's column plan.
         self._schema = make_schema(self.columns, None, None)
         self._index: dict[tuple[str, int], tuple[np.ndarray, tuple[np.ndarray, int]]] = {}
+        self._share_keys()
         for t, parts in self.dictionaries.items():
             for r, (dict_keys, _) in parts.items():
                 self._key_index(t, r, dict_keys)
@@ -269,39 +270,76 @@ class Predictor:
             )
         return self._lookup(table, np.ascontiguousarray(arr))
 
+    def _share_keys(self) -> None:
+        """Give shards with the same keys file (sha256 in the manifest) one keys array.
+
+        A deep and a wide table trained on the same keys then share one key
+        index, and a call finds each key once for both (see :meth:`_lookup`).
+        """
+        version, files = self.manifest["format_version"], self.manifest.get("files", {})
+        seen: dict[str, np.ndarray] = {}
+        for t, parts in self.dictionaries.items():
+            for r, (dict_keys, weights) in parts.items():
+                digest = files.get(shard_dir(t, r, self.num_shards, version) + "/keys.npy")
+                same = seen.get(digest) if isinstance(digest, str) else None
+                if same is not None and same.shape == dict_keys.shape:
+                    parts[r] = (same, weights)
+                elif isinstance(digest, str):
+                    seen[digest] = dict_keys
+
     def _key_index(self, table: str, r: int, dict_keys: np.ndarray) -> tuple[np.ndarray, int]:
         """The key index of shard ``r`` of ``table``, built anew if its keys were replaced."""
         got = self._index.get((table, r))
         if got is None or got[0] is not dict_keys:
-            got = self._index[(table, r)] = (dict_keys, key_index(dict_keys))
+            shared = [i for k, i in self._index.values() if k is dict_keys]
+            index = shared[0] if shared else key_index(dict_keys)
+            got = self._index[(table, r)] = (dict_keys, index)
         return got[1]
 
-    def _lookup(self, table: str, keys: np.ndarray) -> np.ndarray:
+    def _lookup(
+        self, table: str, keys: np.ndarray, found: dict[Any, Any] | None = None
+    ) -> np.ndarray:
+        """The rows of ``keys`` in ``table`` (``float32[N, D]``, zeros for unknown keys).
+
+        ``found`` keeps the key positions of one call by (shard keys, ``keys``):
+        tables with the same keys (deep and wide) search them once.
+        """
         shards = self.dictionaries[table]
-        W = self.num_shards
         out = np.empty((keys.shape[0], self.manifest["tables"][table]["dim"]), np.float32)  # [N, D]
         if keys.shape[0] == 0:
             return out
-        if W == 1:  # one shard, always loaded
-            index = self._key_index(table, 0, shards[0][0])
-            read_rows(*shards[0], index, keys, np.arange(keys.shape[0], dtype=np.int64), out)
-            return out
-        owner = bucket_of(keys) % W  # [N] the shard of each key
-        order = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[order], np.arange(W + 1))  # [W + 1]
-        for r in range(W):
-            at = order[bounds[r] : bounds[r + 1]]
-            if at.shape[0] == 0:
-                continue
-            if r not in shards:
+        found = {} if found is None else found
+        for r, at, sub in self._route(table, keys, found):
+            dict_keys, weights = shards[r]
+            pos = found.get((id(dict_keys), id(sub)))
+            if pos is None:
+                index = self._key_index(table, r, dict_keys)
+                pos = found[(id(dict_keys), id(sub))] = find_rows(dict_keys, index, sub)
+            take_rows(weights, pos, at, out)
+        return out
+
+    def _route(self, table: str, keys: np.ndarray, found: dict[Any, Any]) -> Any:
+        """``[(shard, at, keys[at])]``: the keys of each shard and where (memoized in ``found``)."""
+        W = self.num_shards
+        routes = found.get(("route", id(keys)))
+        if routes is None and W == 1:  # one shard, always loaded
+            routes = [(0, np.arange(keys.shape[0], dtype=np.int64), keys)]
+        elif routes is None:
+            owner = bucket_of(keys) % W  # [N] the shard of each key
+            order = np.argsort(owner, kind="stable")
+            bounds = np.searchsorted(owner[order], np.arange(W + 1))  # [W + 1]
+            parts = [(r, order[bounds[r] : bounds[r + 1]]) for r in range(W)]
+            routes = [(r, at, keys[at]) for r, at in parts if at.shape[0]]
+        found[("route", id(keys))] = routes
+        for r, at, _ in routes:
+            if r not in self.dictionaries[table]:
                 raise TableKeyError(
                     f'Predictor: table "{table}": key {int(keys[at[0]])} (and {at.shape[0] - 1} '
                     f"more) is in shard {r} of {W}, which this Predictor did not load "
                     f"(shards={list(self.shards)}); load that shard or send the row to a "
                     "Predictor that has it."
                 )
-            read_rows(*shards[r], self._key_index(table, r, shards[r][0]), keys[at], at, out)
-        return out
+        return routes
 
     def _empty(self) -> Any:
         result = {h["name"]: np.zeros(0, np.float32) for h in self.heads}
@@ -340,15 +378,15 @@ class Predictor:
         # Tables over the same columns (a deep and a wide table) share their bags.
         bags: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         values: dict[int, Any] = {}
+        found: dict[Any, Any] = {}
         for tname, plan in self._tables.items():
             if plan.columns not in bags:
                 if fast is not None:
                     keys, offsets = _grid_bags(grid_keys, grid_present, plan.grid)
                 else:
                     keys, offsets = _batch_bags(batch, plan.columns)
-                unique, vids = unique_inverse(keys)  # [U], [N]: training's temporary matrix
-                bags[plan.columns] = (unique, vids, offsets)
-            self._table_values(tname, plan, *bags[plan.columns], B, values)
+                bags[plan.columns] = (*_virtual_ids(keys), offsets)
+            self._table_values(tname, plan, *bags[plan.columns], B, values, found)
         args: list[torch.Tensor] = []
         for i in range(len(self.inputs)):
             v = values[i]
@@ -369,15 +407,17 @@ class Predictor:
         offsets: npt.NDArray[np.int64],
         B: int,
         values: dict[int, Any],
+        found: dict[Any, Any],
     ) -> None:
         """Look up one table's keys once, then pool its columns in one kernel call.
 
         The table's C columns are bags over ``unique[U]`` keys: occurrence n is
         key ``unique[vids[n]]``, bag ``c*B + b`` (column c, row b) holds
         occurrences ``offsets[c*B + b] : offsets[c*B + b + 1]`` (pooling's
-        layout). Writes the graph input of each column to ``values[input index]``.
+        layout). Writes the graph input of each column to ``values[input index]``;
+        ``found`` is the call's memo of key positions (see :meth:`_lookup`).
         """
-        rows_ = self._lookup(tname, unique)  # [U, D]
+        rows_ = self._lookup(tname, unique, found)  # [U, D]
         if plan.pooled:
             if len(plan.pooled) == len(plan.inputs):
                 pooled_vids, offs = vids, offsets
@@ -520,6 +560,21 @@ def _grid_bags(
     offsets = np.zeros(m.size + 1, np.int64)  # [C*B + 1], bags of 0 or 1 key
     np.cumsum(m.reshape(-1), out=offsets[1:])
     return keys[rows][m], offsets
+
+
+def _virtual_ids(
+    keys: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(unique[U], vids[N])``, ``unique[vids] == keys``: training's temporary matrix, sorted.
+
+    Sorted, the dictionary reads go one way through its keys and rows (1.5x
+    faster than in first-seen order on a batch of 1024 Criteo rows).
+    """
+    unique, vids = unique_inverse(keys)  # [U], [N]
+    order = np.argsort(unique)  # [U]
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0])
+    return unique[order], rank[vids]
 
 
 def _select_bags(

@@ -1,9 +1,10 @@
 """An export's dictionaries: reading and checking each table's shards (memory-mapped), and lookup.
 
 A shard's keys are sorted and, being ``mix64`` outputs, spread evenly over
-int64, so :func:`key_index` indexes them by their top bits; :func:`read_rows`
+int64, so :func:`key_index` indexes them by their top bits; :func:`find_rows`
 then finds a key by a binary search over the few keys of its prefix (about 8x
-faster than ``np.searchsorted`` over the whole shard on Criteo-like batches)::
+faster than ``np.searchsorted`` over the whole shard on Criteo-like batches) and
+:func:`take_rows` copies the rows found::
 
     prefix(key) = (uint64(key) ^ 2**63) >> (64 - bits)    # monotonic in the int64 key
     starts[p]   = first position whose key has prefix >= p  # int64[2**bits + 1]
@@ -251,16 +252,9 @@ def key_index(keys: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], int]:
 
 
 @nb.njit(nogil=True, cache=True)
-def _read_rows(
-    dict_keys: np.ndarray,
-    weights: np.ndarray,
-    starts: np.ndarray,
-    shift: int,
-    keys: np.ndarray,
-    dest: np.ndarray,
-    out: np.ndarray,
+def _find_rows(
+    dict_keys: np.ndarray, starts: np.ndarray, shift: int, keys: np.ndarray, pos: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    D = weights.shape[1]
     for i in range(keys.shape[0]):
         k = keys[i]
         p = (np.uint64(k) ^ _SIGN) >> np.uint64(shift)
@@ -271,13 +265,56 @@ def _read_rows(
                 lo = m + 1
             else:
                 hi = m
-        o = dest[i]
-        if lo < starts[p + 1] and dict_keys[lo] == k:
+        pos[i] = lo if lo < starts[p + 1] and dict_keys[lo] == k else -1
+
+
+@nb.njit(nogil=True, cache=True)
+def _take_rows(
+    weights: np.ndarray, pos: np.ndarray, dest: np.ndarray, out: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    D = weights.shape[1]
+    for i in range(pos.shape[0]):
+        o, at = dest[i], pos[i]
+        if at >= 0:
             for d in range(D):
-                out[o, d] = weights[lo, d]
+                out[o, d] = weights[at, d]
         else:
             for d in range(D):
                 out[o, d] = 0.0
+
+
+def find_rows(
+    dict_keys: npt.NDArray[np.int64],
+    index: tuple[npt.NDArray[np.int64], int],
+    keys: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Return the position of every key of ``keys`` in ``dict_keys`` (-1: not there).
+
+    Args:
+        dict_keys: a shard's ``int64[n]`` keys, strictly increasing.
+        index: ``key_index(dict_keys)``.
+        keys: ``int64[N]`` keys to find (faster sorted: the reads go one way).
+    """
+    pos = np.empty(keys.shape[0], np.int64)  # [N]
+    _find_rows(np.asarray(dict_keys), index[0], index[1], keys, pos)
+    return pos
+
+
+def take_rows(
+    weights: npt.NDArray[np.float32],
+    pos: npt.NDArray[np.int64],
+    dest: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float32],
+) -> None:
+    """Write ``weights[pos[i]]`` (zeros where ``pos[i] < 0``) to ``out[dest[i]]``.
+
+    Args:
+        weights: a shard's ``float32[n, D]`` rows.
+        pos: ``int64[N]`` positions from :func:`find_rows`.
+        dest: ``int64[N]`` rows of ``out`` to write.
+        out: ``float32[M, D]``, C-contiguous.
+    """
+    _take_rows(np.asarray(weights), pos, dest, out)
 
 
 def read_rows(
@@ -290,13 +327,6 @@ def read_rows(
 ) -> None:
     """Write the row of ``keys[i]`` to ``out[dest[i]]``: its weights, or zeros if not a key.
 
-    Args:
-        dict_keys: the shard's ``int64[n]`` keys, strictly increasing.
-        weights: the shard's ``float32[n, D]`` rows.
-        index: ``key_index(dict_keys)``.
-        keys: ``int64[N]`` keys to read.
-        dest: ``int64[N]`` rows of ``out`` to write.
-        out: ``float32[M, D]``, C-contiguous.
+    :func:`find_rows` then :func:`take_rows`; see them for the arguments.
     """
-    starts, shift = index
-    _read_rows(np.asarray(dict_keys), np.asarray(weights), starts, shift, keys, dest, out)
+    take_rows(weights, find_rows(dict_keys, index, keys), dest, out)

@@ -267,3 +267,15 @@ def test_read_rows_equals_searchsorted(n):
 def test_key_index_is_bounded():
     starts, shift = key_index(np.arange(5_000_000, dtype=np.int64))
     assert starts.shape == (2**20 + 1,) and shift == 44
+
+
+def test_tables_with_the_same_keys_share_them_and_read_their_own_rows(fast, wide_export):
+    emb, wide = fast.dictionaries["emb"][0], fast.dictionaries["wide"][0]
+    assert emb[0] is wide[0]  # DeepFM's deep and wide tables hold the same keys: one array
+    for table in ("emb", "wide"):
+        keys, weights = tn.export.load_dictionary(wide_export, table)
+        queries = np.concatenate([np.asarray(keys)[::-1], np.arange(-5, 5, dtype=np.int64)])
+        want = np.zeros((queries.shape[0], weights.shape[1]), np.float32)
+        want[: keys.shape[0]] = np.asarray(weights)[::-1]
+        assert not np.isin(queries[keys.shape[0] :], keys).any()  # unknown keys read as zeros
+        np.testing.assert_array_equal(fast.lookup(table, queries), want)

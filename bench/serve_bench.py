@@ -1,0 +1,229 @@
+"""Serving latency in process: ``Predictor.predict`` on raw rows next to the dense graph alone.
+
+One command, one table::
+
+    python bench/serve_bench.py                  # about a minute on the 2-core machine
+    python bench/serve_bench.py --rows 100000 --duration 4 --form columns
+
+It trains a zoo model (DeepFM by default) for one epoch on synthetic
+Criteo-schema data (``tnrec.data.synthetic``: 13 numeric, 26 categorical
+columns), exports it, and measures, with 1 torch thread:
+
+* **Predictor**: ``predict`` on raw rows -- by default a list of dicts, the
+  form an HTTP body decodes to (``--form columns``: a dict of lists,
+  ``--form table``: a pyarrow Table) -- hashing, dictionary lookup, pooling and
+  the dense graph, timed call by call;
+* **graph**: the export's dense graph alone on the same rows, its inputs
+  computed beforehand (the floor a Predictor call can reach).
+
+Each batch size cycles through ``--windows`` different slices of the held-out
+rows, so a call does not see the previous call's rows in cache. The Predictor
+and the graph alternate in ``--rounds`` rounds of ``--duration / rounds``
+seconds each (at most ``--max-calls`` calls a round), after a warm-up, so a
+change of the machine's load reaches both. p50/p99 are over the calls of all
+rounds; rows/s is rows / time over all of them. The load average is printed
+before and after: figures taken with a load average above ~1.2 on 2 cores
+were taken beside other work.
+
+``in_process`` is the measuring function; an HTTP section is meant to sit
+beside it in ``main`` (``--http``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+BATCHES = (1, 16, 256, 1024)
+
+
+def make_export(workdir: str, rows: int, model_name: str) -> tuple[str, str]:
+    """Train ``model_name`` one epoch on ``rows`` synthetic rows and export it.
+
+    Returns:
+        ``(export path, held-out Parquet file)``.
+    """
+    import torch
+
+    import tnrec as tn
+    from tnrec.data.synthetic import SyntheticConfig, generate
+    from tnrec.models import build
+
+    cfg = SyntheticConfig(rows_per_day=rows, num_days=1, test_rows=max(8192, rows // 10))
+    gen = generate(os.path.join(workdir, "data"), cfg)
+    cols = tn.data.criteo_columns()
+    torch.manual_seed(0)
+    model = build(model_name, cols)
+    model.compile()
+    files = [str(f) for day in gen.days for f in gen.train_files[day]]
+    model.fit(tn.data.read_parquet(files, cols, batch_size=4096), verbose=0)
+    return model.export(os.path.join(workdir, "export")), str(gen.test_files[0])
+
+
+def _inputs(table: Any, form: str) -> Any:
+    if form == "rows":
+        return table.to_pylist()
+    if form == "columns":
+        return table.to_pydict()
+    return table
+
+
+def _time_calls(
+    fn: Callable[[int], Any], n_windows: int, budget_s: float, max_calls: int
+) -> list[float]:
+    """Call ``fn(window)``, cycling windows, for ``budget_s`` (``max_calls`` at most); seconds."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_calls and time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        fn(len(times) % n_windows)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def in_process(
+    export: str,
+    data: str,
+    batches: tuple[int, ...] = BATCHES,
+    *,
+    form: str = "rows",
+    duration_s: float = 4.0,
+    rounds: int = 4,
+    windows: int = 8,
+    max_calls: int = 20_000,
+) -> list[dict[str, float]]:
+    """Time ``Predictor.predict`` and the dense graph alone at each batch size.
+
+    Returns:
+        One dict a batch size: ``batch``, ``p50_ms``, ``p99_ms``, ``rows_per_s``
+        (Predictor), ``graph_p50_ms``, ``graph_p99_ms``, ``graph_rows_per_s``.
+    """
+    import torch
+
+    from tnrec.serving import Predictor
+
+    torch.set_num_threads(1)
+    p = Predictor(export)
+    held_out = pq.read_table(data).select(p.required)
+    out = []
+    for b in batches:
+        if b * windows > held_out.num_rows:
+            raise SystemExit(f"--windows {windows} x batch {b} > {held_out.num_rows} held-out rows")
+        inputs = [_inputs(held_out.slice(w * b, b), form) for w in range(windows)]
+        args = [_graph_args(p, x) for x in inputs]
+        want = [p.predict(x) for x in inputs]  # warm-up, and the answer the graph must give
+
+        def predictor(w: int, inputs: list[Any] = inputs) -> Any:
+            return p.predict(inputs[w])
+
+        def graph(w: int, args: list[list[torch.Tensor]] = args) -> Any:
+            with torch.no_grad():
+                return p.graph(*args[w])
+
+        for w in range(windows):
+            got = torch.sigmoid(graph(w)[0]).numpy()
+            np.testing.assert_array_equal(got, want[w])
+        pt: list[float] = []
+        gt: list[float] = []
+        for _ in range(rounds):
+            gt += _time_calls(graph, windows, duration_s / rounds / 2, max_calls)
+            pt += _time_calls(predictor, windows, duration_s / rounds / 2, max_calls)
+        out.append({"batch": b, **_stats(pt, b, ""), **_stats(gt, b, "graph_")})
+    return out
+
+
+def _graph_args(p: Any, rows: Any) -> list[Any]:
+    """The dense graph's arguments for ``rows``, as ``p.predict`` computes them."""
+    seen: list[Any] = []
+    run = p._run
+    p._run = lambda args, B: seen.append(args) or run(args, B)
+    try:
+        p.predict(rows)
+    finally:
+        del p._run
+    return list(seen[0])
+
+
+def _stats(times: list[float], batch: int, prefix: str) -> dict[str, float]:
+    ms = np.array(times) * 1e3
+    return {
+        f"{prefix}p50_ms": float(np.percentile(ms, 50)),
+        f"{prefix}p99_ms": float(np.percentile(ms, 99)),
+        f"{prefix}rows_per_s": batch * len(ms) / (ms.sum() / 1e3),
+        f"{prefix}calls": float(len(ms)),
+    }
+
+
+def print_in_process(results: list[dict[str, float]]) -> None:
+    """Print the in-process figures as a markdown table."""
+    print(
+        "| batch | Predictor p50 ms | p99 ms | rows/s | graph p50 ms | p99 ms | rows/s "
+        "| Predictor / graph rows/s | calls |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r['batch']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+            f"{r['rows_per_s']:,.0f} | {r['graph_p50_ms']:.3f} | {r['graph_p99_ms']:.3f} | "
+            f"{r['graph_rows_per_s']:,.0f} | {r['rows_per_s'] / r['graph_rows_per_s']:.0%} | "
+            f"{r['calls']:.0f} + {r['graph_calls']:.0f} |"
+        )
+
+
+def _load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f} (1, 5, 15 min)".format(*os.getloadavg())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rows", type=int, default=100_000, help="training rows (one day)")
+    ap.add_argument("--model", default="deepfm", choices=["lr", "widedeep", "deepfm", "dcn"])
+    ap.add_argument("--export", help="an existing Criteo-schema export (skips training)")
+    ap.add_argument("--data", help="held-out Parquet rows for --export")
+    ap.add_argument("--form", default="rows", choices=["rows", "columns", "table"])
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds a batch size")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--max-calls", type=int, default=20_000, help="at most, a round")
+    args = ap.parse_args()
+    print(f"before: {_load()}")
+    with tempfile.TemporaryDirectory() as d:
+        if args.export:
+            if not args.data:
+                ap.error("--export needs --data")
+            export, data = args.export, args.data
+            what = f"export {export}"
+        else:
+            t0 = time.perf_counter()
+            export, data = make_export(d, args.rows, args.model)
+            what = (
+                f"{args.model}, trained on {args.rows:,} synthetic Criteo-schema rows "
+                f"({time.perf_counter() - t0:.0f} s with the export)"
+            )
+        results = in_process(
+            export,
+            data,
+            tuple(args.batches),
+            form=args.form,
+            duration_s=args.duration,
+            rounds=args.rounds,
+            windows=args.windows,
+            max_calls=args.max_calls,
+        )
+    print(f"\n{what}; in process, 1 torch thread, input: {args.form}\n")
+    print_in_process(results)
+    print(f"\nafter: {_load()}")
+
+
+if __name__ == "__main__":
+    main()
