@@ -32,6 +32,7 @@ _SUBMODULES = {
     "optimizer",
     "ps",
     "runlog",
+    "serve",
     "serving",
     "table",
 }
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         optimizer,
         ps,
         runlog,
+        serve,
         serving,
         table,
     )

@@ -283,6 +283,17 @@ def test_watch_serves_what_latest_names(exports, tmp_path):
         (watch / "_latest").write_bytes(orjson.dumps({"export": "missing"}))
         time.sleep(1.0)  # a target that fails to load leaves the old one serving
         assert s.get("/readyz").json()["model_version"].startswith("b@")
+        # tnrec export --latest writes the pointer the service follows
+        model_dir = str(exports["work"] / "out" / "model")
+        args = ["export", "--model-dir", model_dir, "--dt", "2024-05-10"]
+        assert main([*args, "--out", str(watch / "c"), "--latest"]) == 0
+        assert orjson.loads((watch / "_latest").read_bytes()) == {"export": "c"}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if s.get("/readyz").json()["model_version"].startswith("c@"):
+                break
+            time.sleep(0.1)
+        assert s.get("/readyz").json()["model_version"].startswith("c@")
 
 
 def test_serve_refuses_a_missing_export_by_name(tmp_path, capsys):

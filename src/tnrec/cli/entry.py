@@ -74,6 +74,17 @@ def _parser() -> argparse.ArgumentParser:
         "publish", help="make MODEL_DIR/DT/GEN the current checkpoint (rewrite _checkpoint)"
     )
     cp.add_argument("path", metavar="MODEL_DIR/DT/GEN")
+    _serve_parser(sub)
+    i = sub.add_parser("inspect", help="days, generations, tables of a model dir; one row")
+    i.add_argument("path", metavar="MODEL_DIR[/DT]")
+    i.add_argument("--table")
+    i.add_argument("--key", help="a hashed key (int)")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    positive_int = number_arg(int, 1)
     v = sub.add_parser("serve", help="an HTTP prediction service over an export")
     v.add_argument("export", metavar="EXPORT", help="the export directory (or URI) to serve")
     v.add_argument("--host", default="127.0.0.1")
@@ -95,12 +106,6 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--threads", type=positive_int, default=1, help="torch threads per worker (>= 1)"
     )
-    i = sub.add_parser("inspect", help="days, generations, tables of a model dir; one row")
-    i.add_argument("path", metavar="MODEL_DIR[/DT]")
-    i.add_argument("--table")
-    i.add_argument("--key", help="a hashed key (int)")
-    i.add_argument("--json", action="store_true", help="print JSON")
-    return p
 
 
 def _run(args: argparse.Namespace) -> None:

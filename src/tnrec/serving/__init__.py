@@ -16,46 +16,40 @@ Example:
 
 from __future__ import annotations
 
-import io
-import numbers
+import copy
 import os
 import reprlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import chain
-from operator import itemgetter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numba as nb
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import torch
 
 from tnrec import _fileio
-from tnrec._hashing import bucket_of, mix64_scalar
-from tnrec.data.batch import Batch
+from tnrec._hashing import bucket_of
 from tnrec.data.decode import decode, make_schema
 from tnrec.errors import ArgumentError, CheckpointError, DataError, TableKeyError
 from tnrec.export import GRAPH, MANIFEST, load_shard, read_manifest
 from tnrec.export.dictionary import find_rows, key_index, take_rows
 from tnrec.export.layout import shard_dir
 from tnrec.export.manifest import verify_files
-from tnrec.feature_column import (
-    BucketizedColumn,
-    CategoryColumn,
-    Column,
-    NumericColumn,
-    from_spec,
-    name_hash,
-)
-from tnrec.feature_column._hash import _fnv1a64
-from tnrec.feature_column.arrow import _string_buffers
+from tnrec.feature_column import Column, from_spec
 from tnrec.layers.pooling import bag_scales, pool_rows, sequence_positions
 from tnrec.losses import PREDICTIONS
-from tnrec.ps import unique_inverse
+from tnrec.serving.fast import _fast_inputs, _fast_plan
+from tnrec.serving.graph import load_graph
+from tnrec.serving.plans import (
+    _batch_bags,
+    _grid_bags,
+    _select_bags,
+    _table_plan,
+    _TablePlan,
+    _virtual_ids,
+)
+from tnrec.serving.values import _as_list, _first_bad, _row_error, _value_error
 
-_INT64 = (-(2**63), 2**63)
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
 
@@ -130,7 +124,7 @@ class Predictor:
             t: {r: load_shard(self.path, t, r, self.manifest) for r in self.shards}
             for t in self.manifest["tables"]
         }
-        self.graph = _load_graph(_fileio.join(self.path, GRAPH))
+        self.graph = load_graph(_fileio.join(self.path, GRAPH))
         self.required = [c.key for c in self.columns]
         self._by_key = {c.key: c for c in self.columns}
         # Everything a call needs that depends on the export only, built once:
@@ -148,6 +142,43 @@ class Predictor:
             by_table.setdefault(spec["table"], []).append(i)
         self._tables = {t: _table_plan(self.inputs, idx, grid) for t, idx in by_table.items()}
         self._fast = _fast_plan(self._schema.sparse, self._schema.dense)
+
+    # ------------------------------------------------------------ deltas
+
+    def with_delta(self, path: str | os.PathLike[str]) -> Predictor:
+        """Return a new Predictor: this one with the complete delta export at ``path`` applied.
+
+        The delta must start where this Predictor is (its ``since_generation`` is the
+        checkpoint generation of this export, or of the last delta applied) and carry
+        its dense graph (``tnrec export --delta`` writes both). The new Predictor's
+        dictionaries are the updated rows in memory; this one is unchanged, so a
+        service can swap the whole model at once (:mod:`tnrec.serve`).
+
+        Raises:
+            CheckpointError: the delta is missing, damaged (ChecksumError), for
+                another base, has no dense graph, or describes another model.
+        """
+        from tnrec.serving.delta import delta_state
+
+        new = copy.copy(self)
+        new.dictionaries, new.graph, new.manifest = delta_state(
+            self.manifest, self.dictionaries, self.path, _fileio.absolute(path)
+        )
+        new._index = {}
+        for t, parts in new.dictionaries.items():
+            for r, (dict_keys, _) in parts.items():
+                new._key_index(t, r, dict_keys)
+        return new
+
+    def apply_delta(self, path: str | os.PathLike[str]) -> None:
+        """Apply the complete delta export at ``path`` to this Predictor in place (see
+        :meth:`with_delta`); not while another thread predicts with it.
+
+        Raises:
+            CheckpointError: as :meth:`with_delta`; this Predictor is then unchanged.
+        """
+        new = self.with_delta(path)
+        self.__dict__.update(new.__dict__)
 
     # ------------------------------------------------------------ rows -> Arrow
 
@@ -473,23 +504,6 @@ class Predictor:
         return tuple(outs)
 
 
-def _load_graph(fname: str) -> Any:
-    try:
-        there = _fileio.is_file(fname)
-    except OSError as e:
-        raise CheckpointError(f"Cannot read export file {fname}: {e}") from None
-    if not there:
-        raise CheckpointError(f"Export file {fname} is missing.")
-    try:
-        if _fileio.is_remote(fname):
-            return torch.export.load(io.BytesIO(_fileio.read_bytes(fname))).module()
-        return torch.export.load(fname).module()
-    except Exception as e:  # torch raises many types on a damaged archive; name the file
-        raise CheckpointError(
-            f"Export file {fname} is damaged (torch.export.load fails: {e}); write the export anew."
-        ) from None
-
-
 def _check_shards(shards: Any, num_shards: int, path: str) -> tuple[int, ...]:
     """The shard indices to load, sorted: all of them for None."""
     if shards is None:
@@ -508,368 +522,3 @@ def _check_shards(shards: Any, num_shards: int, path: str) -> tuple[int, ...]:
             f"[0, {num_shards}) (export {path} has {num_shards} shard(s)). Received: {shards!r}."
         )
     return tuple(sorted(int(r) for r in shards))
-
-
-# ---------------------------------------------------------------- tables and bags
-
-
-@dataclass(frozen=True)
-class _TablePlan:
-    """One table's columns: their inputs, rows of the fast path's grid, which are pooled."""
-
-    inputs: tuple[int, ...]  # indices into the manifest's inputs, in order
-    columns: tuple[str, ...]  # their columns
-    grid: slice | npt.NDArray[np.int64]  # their columns' rows in the fast path's key grid
-    pooled: tuple[int, ...]  # positions (into ``inputs``) of the pooled columns
-    combiner: str | None  # the pooled columns' combiner if they share one
-
-
-def _table_plan(inputs: list[dict[str, Any]], idx: list[int], grid: dict[str, int]) -> _TablePlan:
-    pooled = tuple(k for k, i in enumerate(idx) if not inputs[i]["sequence"])
-    combiners = {inputs[idx[k]]["combiner"] for k in pooled}
-    rows = [grid[inputs[i]["column"]] for i in idx]
-    return _TablePlan(
-        tuple(idx),
-        tuple(inputs[i]["column"] for i in idx),
-        slice(None) if rows == list(range(len(grid))) else np.array(rows, np.int64),
-        pooled,
-        combiners.pop() if len(combiners) == 1 else None,
-    )
-
-
-def _batch_bags(
-    batch: Batch, columns: tuple[str, ...]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """``(keys[N], offsets[C*B + 1])``: the jagged ``columns`` of ``batch`` as bags."""
-    B = batch.size
-    jags = [batch.sparse[c] for c in columns]
-    keys = np.concatenate([j.keys[j.offsets[0] : j.offsets[-1]] for j in jags])  # [N]
-    offsets = np.zeros(len(jags) * B + 1, np.int64)  # [C*B + 1]
-    at = 0
-    for n, j in enumerate(jags):
-        offsets[n * B + 1 : (n + 1) * B + 1] = j.offsets[1:] - j.offsets[0] + at
-        at += int(j.offsets[-1] - j.offsets[0])
-    return keys, offsets
-
-
-def _grid_bags(
-    keys: npt.NDArray[np.int64], present: npt.NDArray[np.bool_], rows: Any
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """``(keys[N], offsets[C*B + 1])`` of single-valued columns: rows ``rows`` of the grid."""
-    m = present[rows]  # [C, B]
-    offsets = np.zeros(m.size + 1, np.int64)  # [C*B + 1], bags of 0 or 1 key
-    np.cumsum(m.reshape(-1), out=offsets[1:])
-    return keys[rows][m], offsets
-
-
-def _virtual_ids(
-    keys: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """``(unique[U], vids[N])``, ``unique[vids] == keys``: training's temporary matrix, sorted.
-
-    Sorted, the dictionary reads go one way through its keys and rows (1.5x
-    faster than in first-seen order on a batch of 1024 Criteo rows).
-    """
-    unique, vids = unique_inverse(keys)  # [U], [N]
-    order = np.argsort(unique)  # [U]
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.shape[0])
-    return unique[order], rank[vids]
-
-
-def _select_bags(
-    offsets: npt.NDArray[np.int64], cols: tuple[int, ...], B: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """``(occurrences, offsets)`` of the bags of columns ``cols`` only (the rest are sequences)."""
-    vids, offs, at = [], [np.zeros(1, np.int64)], 0
-    for k in cols:
-        lo, hi = int(offsets[k * B]), int(offsets[(k + 1) * B])
-        vids.append(np.arange(lo, hi, dtype=np.int64))
-        offs.append(offsets[k * B + 1 : (k + 1) * B + 1] - lo + at)
-        at += hi - lo
-    return np.concatenate(vids), np.concatenate(offs)
-
-
-# ---------------------------------------------------------------- the fast path
-#
-# Most requests hold one plain value per column: a str or int per categorical
-# column, a number per numeric one. The fast path reads such rows without
-# building an Arrow table per column: one Arrow array per kind of column (all
-# values of all str columns, of all int columns, of all numeric columns), then
-# one kernel hashes every categorical column into a key grid ``[S, B]`` (S
-# categorical columns) with the readers' key function. It takes a batch only if
-# each array has exactly the type the readers would see column by column
-# (string, int64, int64/double, or all null) and every number is finite, so its
-# keys and features equal the readers' bit for bit; anything else (lists,
-# bytes, bools, numeric text, absent keys, bad values) returns None and the
-# general path reads the rows, or names the bad value.
-
-
-@dataclass(frozen=True)
-class _FastPlan:
-    """The columns the fast path reads, by kind; ``*_rows`` are their rows in the key grid."""
-
-    num_sparse: int
-    str_keys: tuple[str, ...]
-    str_hashes: npt.NDArray[np.uint64]
-    str_rows: npt.NDArray[np.int64]
-    int_keys: tuple[str, ...]
-    int_hashes: npt.NDArray[np.uint64]
-    int_rows: npt.NDArray[np.int64]
-    num_keys: tuple[str, ...]
-    defaults: npt.NDArray[np.float64]  # [F, 1]
-    transforms: tuple[tuple[slice | npt.NDArray[np.int64], NumericColumn], ...]
-
-
-def _fast_plan(sparse: Sequence[Any], dense: Sequence[NumericColumn]) -> _FastPlan | None:
-    """The fast path's plan, or None if a column is of a kind it does not read."""
-    cats = [c for c in sparse if type(c) is CategoryColumn]
-    if len(cats) != len(sparse):
-        return None  # sequences and bucketized columns go the general way
-
-    def of(dtype: str) -> tuple[tuple[str, ...], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-        at = [s for s, c in enumerate(cats) if c.dtype == dtype]
-        hashes = [name_hash(cats[s].identity) for s in at]
-        return tuple(cats[s].key for s in at), np.array(hashes, np.uint64), np.array(at, np.int64)
-
-    groups: dict[tuple[Any, ...], list[int]] = {}  # columns with the same transforms
-    for f, col in enumerate(dense):
-        if col.transforms:
-            groups.setdefault(col.transforms, []).append(f)
-    transforms = tuple(
-        (slice(f[0], f[-1] + 1) if f == list(range(f[0], f[-1] + 1)) else np.array(f), dense[f[0]])
-        for f in groups.values()
-    )
-    return _FastPlan(
-        len(sparse),
-        *of("str"),
-        *of("int"),
-        tuple(c.key for c in dense),
-        np.array([[c.default] for c in dense], np.float64).reshape(len(dense), 1),
-        transforms,
-    )
-
-
-def _flat(rows: Any, keys: tuple[str, ...]) -> list[Any]:
-    """The values of ``keys`` in every row: row-major for a list of dicts, else column-major."""
-    if isinstance(rows, dict):
-        return list(chain.from_iterable(rows[k] for k in keys))
-    get: Callable[[Any], Any] = itemgetter(*keys)
-    return list(map(get, rows) if len(keys) == 1 else chain.from_iterable(map(get, rows)))
-
-
-def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None:
-    """``(B, keys[S, B], present[S, B], dense[B, F])`` of single-valued rows, or None."""
-    if type(rows) is list:  # of dicts holding every column (KeyError otherwise)
-        B = len(rows)
-        if B == 0 or set(map(type, rows)) != {dict}:
-            return None
-    elif type(rows) is dict:  # of equal-length lists
-        lengths = {len(v) if type(v) is list else -1 for v in rows.values()}
-        B = lengths.pop() if len(lengths) == 1 else -1
-        if B <= 0:
-            return None
-    else:
-        return None
-    row_major = type(rows) is list
-    keys = np.empty((plan.num_sparse, B), np.uint64)  # [S, B]
-    present = np.empty((plan.num_sparse, B), np.bool_)  # [S, B]
-    try:  # any failure (an absent key, a value Arrow refuses): the general path names it
-        strs = pa.array(_flat(rows, plan.str_keys)) if plan.str_keys else None
-        ints = pa.array(_flat(rows, plan.int_keys)) if plan.int_keys else None
-        nums = pa.array(_flat(rows, plan.num_keys)) if plan.num_keys else None
-    except Exception:
-        return None
-    if strs is not None:
-        if not (pa.types.is_string(strs.type) or pa.types.is_null(strs.type)):
-            return None
-        offs, data, valid = _string_buffers(strs)
-        _hash_str_grid(
-            offs, data, valid, plan.str_hashes, plan.str_rows, B, row_major, keys, present
-        )
-    if ints is not None:
-        if not (pa.types.is_int64(ints.type) or pa.types.is_null(ints.type)):
-            return None
-        valid = np.asarray(ints.is_valid().to_numpy(zero_copy_only=False), np.bool_)
-        vals = ints.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
-        _hash_int_grid(
-            vals.view(np.uint64), valid, plan.int_hashes, plan.int_rows, B, row_major, keys, present
-        )
-    dense = _fast_dense(plan, nums, B, row_major)
-    return None if dense is None else (B, keys.view(np.int64), present, dense)
-
-
-def _fast_dense(plan: _FastPlan, nums: pa.Array | None, B: int, row_major: bool) -> Any:
-    """``dense[B, F]`` float32 as the readers compute it, or None (a type or value to name)."""
-    F = len(plan.num_keys)
-    if nums is None:
-        return np.zeros((B, 0), np.float32)
-    t = nums.type
-    if not (pa.types.is_int64(t) or pa.types.is_float64(t) or pa.types.is_null(t)):
-        return None
-    # ints to the nearest float64, as the readers cast them (safe=False); nulls to NaN
-    x = np.asarray(nums.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), np.float64)
-    x = x.reshape(B, F).T if row_major else x.reshape(F, B)  # [F, B]
-    if np.isinf(x).any():
-        return None
-    x = np.where(np.isnan(x), plan.defaults, x)  # [F, B], a new C-contiguous array
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        for rows, col in plan.transforms:
-            x[rows] = col.apply(x[rows])
-        y = x.astype(np.float32)  # [F, B]
-    if not np.isfinite(y).all():
-        return None
-    return np.ascontiguousarray(y.T)  # [B, F]
-
-
-@nb.njit(nogil=True, cache=True)
-def _hash_str_grid(
-    str_offsets: np.ndarray,
-    data: np.ndarray,
-    valid: np.ndarray,
-    col_hashes: np.ndarray,
-    grid_rows: np.ndarray,
-    B: int,
-    row_major: bool,
-    keys: np.ndarray,
-    present: np.ndarray,
-) -> None:  # pragma: no cover - compiled
-    """Hash value ``j`` (``b*C + c`` row-major, else ``c*B + b``) of C str columns to ``keys``.
-
-    The readers' key (:mod:`tnrec.feature_column._hash`): ``mix64(fnv1a64(utf8) ^ h_col)``;
-    a null or empty string is no key.
-    """
-    C = col_hashes.shape[0]
-    for c in range(C):
-        g = grid_rows[c]
-        for b in range(B):
-            j = b * C + c if row_major else c * B + b
-            lo, hi = str_offsets[j], str_offsets[j + 1]
-            if valid[j] and hi > lo:
-                present[g, b] = True
-                keys[g, b] = mix64_scalar(_fnv1a64(data, lo, hi) ^ col_hashes[c])
-            else:
-                present[g, b] = False
-                keys[g, b] = 0
-
-
-@nb.njit(nogil=True, cache=True)
-def _hash_int_grid(
-    values: np.ndarray,
-    valid: np.ndarray,
-    col_hashes: np.ndarray,
-    grid_rows: np.ndarray,
-    B: int,
-    row_major: bool,
-    keys: np.ndarray,
-    present: np.ndarray,
-) -> None:  # pragma: no cover - compiled
-    """Hash int values like :func:`_hash_str_grid`: ``mix64(mix64(uint64(v)) ^ h_col)``."""
-    C = col_hashes.shape[0]
-    for c in range(C):
-        g = grid_rows[c]
-        for b in range(B):
-            j = b * C + c if row_major else c * B + b
-            if valid[j]:
-                present[g, b] = True
-                keys[g, b] = mix64_scalar(mix64_scalar(values[j]) ^ col_hashes[c])
-            else:
-                present[g, b] = False
-                keys[g, b] = 0
-
-
-# ---------------------------------------------------------------- naming a bad value
-
-
-def _as_list(values: Any) -> list[Any]:
-    if isinstance(values, (pa.Array, pa.ChunkedArray)):
-        return values.to_pylist()
-    return values.tolist() if hasattr(values, "tolist") else list(values)
-
-
-def _expected(col: Column) -> str:
-    if isinstance(col, (NumericColumn, BucketizedColumn)):
-        return "a number (int or float), numeric text, or None"
-    if getattr(col, "dtype", None) == "str":
-        return "a str (or an int), a list of them, or None"
-    return "an int (or its text), a list of them, or None"
-
-
-def _kind(v: Any) -> str | None:
-    if v is None or (isinstance(v, float) and v != v):
-        return None
-    if isinstance(v, (bool, np.bool_)):
-        return "bool"
-    if isinstance(v, numbers.Real):
-        return "number"
-    if isinstance(v, (str, bytes)):
-        return "text"
-    if isinstance(v, (list, tuple, np.ndarray)):
-        return "list"
-    return "other"
-
-
-def _problem(v: Any, scalar: bool, expected: str) -> str | None:
-    """What a value cannot be on its own (not just unlike its neighbours), or None."""
-    kind = _kind(v)
-    if kind == "other":
-        return expected
-    if isinstance(v, numbers.Integral) and kind == "number":
-        ok = _INT64[0] <= int(v) < _INT64[1]
-        return None if ok else "an int in the int64 range [-2**63, 2**63) or a float"
-    if kind == "list":
-        if scalar:
-            return f"{expected}; not a list"
-        for x in v:
-            why = "a single value, not a nested list" if _kind(x) == "list" else None
-            why = why or _problem(x, True, expected)
-            if why:
-                return f"{why} (in a list)"
-    return None
-
-
-_KIND = {"number": "a number", "text": "text", "bool": "a bool"}
-
-
-def _first_bad(col: Column, values: list[Any]) -> tuple[int, Any, str] | None:
-    """The first value pyarrow or the column cannot read: ``(row, value, expected)``."""
-    scalar = isinstance(col, (NumericColumn, BucketizedColumn))
-    for i, v in enumerate(values):
-        why = _problem(v, scalar, _expected(col))
-        if why:
-            return i, v, why
-    shapes = [(i, _kind(v) == "list") for i, v in enumerate(values) if _kind(v) is not None]
-    for i, is_list in shapes:
-        j, first = shapes[0]
-        if is_list != first:
-            what = "a list" if first else "a single value"
-            return i, values[i], f"{what} like row {j} (a column holds lists or single values)"
-    kinds: list[tuple[int, Any, str]] = []  # (row, value, kind), list items included
-    for i, v in enumerate(values):
-        for x in v if _kind(v) == "list" else [v]:
-            kind = _kind(x)
-            if kind is not None:
-                kinds.append((i, x, kind))
-    present = {k for _, _, k in kinds}
-    if len(present) > 1:
-        text = not scalar and getattr(col, "dtype", None) == "str"
-        usual = "text" if text else "number"
-        want = usual if usual in present else kinds[0][2]
-        j = next(i for i, _, k in kinds if k == want)
-        i, x, _ = next(t for t in kinds if t[2] != want)
-        return i, x, f"{_KIND[want]} like row {j} (a column holds one kind of value)"
-    return None
-
-
-def _row_error(col: Column, row: int, value: Any, expected: str) -> DataError:
-    return DataError(
-        f'Predictor.predict: row {row}, column "{col.key}": expected {expected}. '
-        f"Received: {_repr.repr(value)} ({type(value).__name__})."
-    )
-
-
-def _value_error(col: Column, values: list[Any], e: Exception) -> DataError:
-    found = _first_bad(col, values)
-    if found is not None:
-        return _row_error(col, *found)
-    return DataError(f'Predictor.predict: column "{col.key}": cannot read its values: {e}.')
