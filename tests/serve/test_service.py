@@ -299,3 +299,17 @@ def test_watch_serves_what_latest_names(exports, tmp_path):
 def test_serve_refuses_a_missing_export_by_name(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nothing")]) == 2
     assert "No export at" in capsys.readouterr().err
+
+
+def test_the_service_predicts_what_tnrec_predict_does(exports, tmp_path):
+    """Parity with the training model's own predictions (``tnrec predict`` on the test days)."""
+    out = tmp_path / "p.parquet"
+    model_dir = str(exports["work"] / "out" / "model")
+    assert main(["predict", "--model-dir", model_dir, "--output", str(out)]) == 0
+    import pyarrow.parquet as pq
+
+    want = pq.read_table(out)["prediction"].to_numpy()
+    rows = json.loads(json.dumps(exports["rows"]))
+    with start_server(exports["b"]) as s:  # the export of the checkpoint predict loads
+        got = s.post("/v1/predict", {"rows": rows}).json()["predictions"]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
