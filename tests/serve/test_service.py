@@ -313,3 +313,17 @@ def test_the_service_predicts_what_tnrec_predict_does(exports, tmp_path):
     with start_server(exports["b"]) as s:  # the export of the checkpoint predict loads
         got = s.post("/v1/predict", {"rows": rows}).json()["predictions"]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_the_workers_listening_socket_is_a_tcp_one():
+    """asyncio sets TCP_NODELAY on connections of an IPPROTO_TCP listener only; without it each
+    answer of a worker would wait for the client's delayed ACK."""
+    import socket
+
+    from tnrec.serve import _listen
+
+    sock = _listen("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP and sock.get_inheritable()
+    finally:
+        sock.close()

@@ -96,8 +96,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--max-wait-ms",
         type=number_arg(float, 0),
-        default=2.0,
-        help="how long a batch waits for more requests (>= 0)",
+        default=0.0,
+        help="how long a batch waits for more requests (>= 0; 0: it takes what queued meanwhile)",
     )
     v.add_argument(
         "--max-rows", type=positive_int, default=10_000, help="rows a request may hold (>= 1)"

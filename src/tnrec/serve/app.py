@@ -37,7 +37,7 @@ class Settings:
 
     export: str
     max_batch: int = 256
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 0.0
     max_rows: int = 10_000
     watch: str | None = None  # a directory whose _latest names the export to serve
     state_dir: str | None = None  # shared by the workers of one service (several workers)

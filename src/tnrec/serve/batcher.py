@@ -3,8 +3,12 @@
 Requests wait in one queue. The batcher takes the first, then every request
 already waiting and those arriving within ``max_wait_ms``, up to ``max_batch``
 rows, and runs them as one :meth:`Predictor.predict` call on a thread of its
-own (the event loop keeps accepting requests meanwhile, so under load the
-next batch fills while this one runs). A request larger than ``max_batch``
+own. The event loop keeps accepting requests meanwhile, so under load the
+next batch fills while this one runs: with ``max_wait_ms = 0`` (the default)
+batches adapt to the load and a lone request never waits. A positive wait
+merges more at light load, for at most that much added latency; measured at
+500 requests/s of batch 1 on 2 cores, 2 ms of it raised the median answer
+from 1.8 to 4.3 ms. A request larger than ``max_batch``
 is served whole, alone. Requests of one form (``rows`` or ``columns`` with the
 same column names) are merged; the others in the batch run in calls of their
 own. When a merged call fails on bad input, each of its requests is run
