@@ -25,14 +25,18 @@ rounds; rows/s is rows / time over all of them. The load average is printed
 before and after: figures taken with a load average above ~1.2 on 2 cores
 were taken beside other work.
 
-``in_process`` is the measuring function; an HTTP section is meant to sit
-beside it in ``main`` (``--http``).
+``--http`` then runs the service benchmark, ``bench/serve_http_bench.py``
+(``tnrec serve`` over HTTP on 127.0.0.1 with an open-loop client: latency at
+fixed request rates, 1 and 2 workers, reloads under load, workers' memory);
+the arguments after ``--http`` go to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -195,6 +199,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--max-calls", type=int, default=20_000, help="at most, a round")
+    ap.add_argument(
+        "--http", nargs=argparse.REMAINDER, help="then the HTTP benchmark, with these arguments"
+    )
     args = ap.parse_args()
     print(f"before: {_load()}")
     with tempfile.TemporaryDirectory() as d:
@@ -223,6 +230,10 @@ def main() -> None:
     print(f"\n{what}; in process, 1 torch thread, input: {args.form}\n")
     print_in_process(results)
     print(f"\nafter: {_load()}")
+    if args.http is not None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        cmd = [sys.executable, os.path.join(here, "serve_http_bench.py"), *args.http]
+        subprocess.run(cmd, check=True)
 
 
 if __name__ == "__main__":
