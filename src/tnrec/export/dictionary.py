@@ -28,11 +28,11 @@ from tnrec.export.layout import shard_dir
 from tnrec.export.manifest import MANIFEST, read_manifest
 
 
-def load_npy(fname: str, mmap: bool = True) -> np.ndarray:
-    """Open one ``.npy`` file of an export (memory-mapped with ``mmap``).
+def check_present(fname: str) -> None:
+    """Raise naming the export file ``fname`` unless it exists.
 
     Raises:
-        CheckpointError: the file is missing or damaged (names it).
+        CheckpointError: it is missing or cannot be looked up.
     """
     try:
         there = _fileio.is_file(fname)
@@ -40,6 +40,15 @@ def load_npy(fname: str, mmap: bool = True) -> np.ndarray:
         raise CheckpointError(f"Cannot read export file {fname}: {e}") from None
     if not there:
         raise CheckpointError(f"Export file {fname} is missing.")
+
+
+def load_npy(fname: str, mmap: bool = True) -> np.ndarray:
+    """Open one ``.npy`` file of an export (memory-mapped with ``mmap``).
+
+    Raises:
+        CheckpointError: the file is missing or damaged (names it).
+    """
+    check_present(fname)
     try:
         if _fileio.is_remote(fname):  # read whole: an object cannot be memory-mapped
             arr = np.load(io.BytesIO(_fileio.read_bytes(fname)), allow_pickle=False)

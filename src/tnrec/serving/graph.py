@@ -9,16 +9,12 @@ import torch
 
 from tnrec import _fileio
 from tnrec.errors import CheckpointError
+from tnrec.export.dictionary import check_present
 
 
 def load_graph(fname: str) -> Any:
     """The ``torch.export`` program of ``fname`` as a module (a damaged file named)."""
-    try:
-        there = _fileio.is_file(fname)
-    except OSError as e:
-        raise CheckpointError(f"Cannot read export file {fname}: {e}") from None
-    if not there:
-        raise CheckpointError(f"Export file {fname} is missing.")
+    check_present(fname)
     try:
         if _fileio.is_remote(fname):
             return torch.export.load(io.BytesIO(_fileio.read_bytes(fname))).module()
