@@ -9,23 +9,31 @@ For each day, in order:
    this day exists on the same number of workers; with ``save_every_n_steps``
    mid-day checkpoints are written);
 4. ``show_decay(days since the last decayed day)``, then ``evict()`` by each
-   table's policy;
-5. save the day's checkpoint, marked complete.
+   table's policy (:func:`tnrec.callbacks.end_day`, as the ``Checkpoint``
+   callback does at the end of ``fit``);
+5. save the day's checkpoint, marked complete -- with ``save_every_days=N``
+   only every N-th day of ``days`` and the last one.
 
 A day label that parses as ``YYYY-MM-DD`` (or ``YYYYMMDD``) decays by the
 calendar days elapsed; other labels count one day each.
+
+Days between two saves are trained, decayed and evicted in memory only. A
+run stopped between saves (killed, or an error) resumes from the last
+checkpoint written -- the last saved day, or a mid-day checkpoint with
+``save_every_n_steps`` -- and trains the days after it again; which days are
+saved depends only on their place in ``days``, so the resumed run saves the
+same days and ends with the same tables and weights as a run never stopped.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tnrec.callbacks import Callback, Checkpoint
+from tnrec.callbacks import Callback, Checkpoint, end_day
 from tnrec.checkpoint import lock_for_run
 from tnrec.errors import ArgumentError, EmptyInputError
 from tnrec.model import Model
@@ -42,7 +50,8 @@ class DayReport:
     table, those four (:data:`DAY_TABLE_FIELDS`) and, at the day's end, its
     ``rows``, ``bytes`` (summed over workers) and ``sketch_fill`` (the mean of
     the workers' admission-sketch fill). A resumed day counts from the resume
-    (the counters are not saved in checkpoints).
+    (the counters are not saved in checkpoints). ``saved``: the day's end
+    was checkpointed (``train_days(save_every_days=...)`` saves some days only).
     """
 
     dt: str
@@ -57,6 +66,7 @@ class DayReport:
     keys_refused: int = 0
     keys_evicted_cap: int = 0
     tables: dict[str, dict[str, float]] = field(default_factory=dict)
+    saved: bool = True
 
 
 # Per table and day: counters taken as end-of-day minus start-of-day (keys_evicted: the
@@ -72,25 +82,6 @@ DAY_TABLE_FIELDS = (
 )
 
 
-def _parse_day(dt: str) -> _dt.date | None:
-    for fmt in ("%Y-%m-%d", "%Y%m%d"):
-        try:
-            return _dt.datetime.strptime(dt, fmt).date()
-        except ValueError:
-            pass
-    return None
-
-
-def days_between(earlier: str | None, later: str) -> int:
-    """Return the days to decay by between two day labels (1 when they are not dates)."""
-    if earlier is None:
-        return 0
-    a, b = _parse_day(earlier), _parse_day(later)
-    if a is None or b is None:
-        return 1
-    return max((b - a).days, 0)
-
-
 def train_days(
     model: Model,
     days: Sequence[tuple[str, Callable[[], Any]]],
@@ -98,6 +89,7 @@ def train_days(
     *,
     epochs: int = 1,
     save_every_n_steps: int | None = None,
+    save_every_days: int = 1,
     keep: int | None = None,
     eval_next_day: bool = False,
     verbose: int = 0,
@@ -115,6 +107,11 @@ def train_days(
         model_dir: the checkpoint root.
         epochs: passes over each day.
         save_every_n_steps: also checkpoint mid-day (resumable).
+        save_every_days: save the end of every N-th day of ``days`` (the N-th,
+            2N-th, ...; positions count from the first of ``days``, skipped
+            ones included) and of the last; the days between are trained,
+            decayed and evicted but not saved (TensorNet's
+            ``SAVE_MODEL_INTERVAL_DAYS``).
         keep: keep only this many newest checkpoint generations.
         eval_next_day: before training each day after the first, report the AUC
             of the model so far on it.
@@ -127,7 +124,7 @@ def train_days(
         One :class:`DayReport` per day.
 
     Raises:
-        ArgumentError: repeated day labels, or ``epochs < 1``.
+        ArgumentError: repeated day labels, ``epochs < 1`` or ``save_every_days < 1``.
         WriteError: another run holds the model dir.
     """
     labels = [dt for dt, _ in days]
@@ -138,6 +135,11 @@ def train_days(
             f"train_days: `epochs` must be an int >= 1 (a day trained on no rows is not "
             f"complete). Received: epochs={epochs!r}."
         )
+    n = save_every_days
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ArgumentError(
+            f"train_days: `save_every_days` must be an int >= 1. Received: save_every_days={n!r}."
+        )
     with lock_for_run(model.ps, model_dir):
         return _train_days(
             model,
@@ -145,6 +147,7 @@ def train_days(
             model_dir,
             epochs=epochs,
             save_every_n_steps=save_every_n_steps,
+            save_every_days=save_every_days,
             keep=keep,
             eval_next_day=eval_next_day,
             verbose=verbose,
@@ -161,6 +164,7 @@ def _train_days(
     *,
     epochs: int,
     save_every_n_steps: int | None,
+    save_every_days: int,
     keep: int | None,
     eval_next_day: bool,
     verbose: int,
@@ -173,7 +177,6 @@ def _train_days(
     report = model.load_weights(model_dir)
     resume = report.resume if report is not None else {}
     done_dt, done = resume.get("dt"), bool(resume.get("day_complete"))
-    last_decayed = resume.get("last_decayed_day")
     start = labels.index(done_dt) if done_dt in labels else 0
     reports = []
     ps = model.ps
@@ -220,12 +223,7 @@ def _train_days(
             log_every=log_every,
         )
         created = {n: _sizes(model)[n] - before[n] for n in before}  # global already
-        delta = days_between(last_decayed, dt) if last_decayed is not None else 1
-        evicted = {}
-        for name, table in sorted(model.tables.items()):
-            table.show_decay(delta)
-            evicted[name] = table.evict()
-        last_decayed = dt
+        evicted = end_day(model, dt)
         stats = getattr(part, "stats", None)
         bad = int(getattr(stats, "bad_rows", 0) or 0)
         bad = _count_day(model, day, counter.rows, bad, start_counters, evicted)  # one all-reduce
@@ -236,13 +234,15 @@ def _train_days(
                 "and run again."
             )
         day.keys_created = sum(created.values())
-        model.save_weights(
-            model_dir,
-            dt,
-            resume={"dt": dt, "day_complete": True, "last_decayed_day": dt},
-            position=part.position() if hasattr(part, "position") else None,
-            keep=keep,
-        )
+        day.saved = (i + 1) % save_every_days == 0 or i == len(days) - 1
+        if day.saved:
+            model.save_weights(
+                model_dir,
+                dt,
+                resume={"dt": dt, "day_complete": True},
+                position=part.position() if hasattr(part, "position") else None,
+                keep=keep,
+            )
         report = None  # later days start fresh: no position to resume
         have_model = True
         reports.append(day)
@@ -378,7 +378,8 @@ def format_day(day: DayReport) -> str:
     )
     empty = " (its input holds no rows)" if day.rows_trained == 0 and not day.resumed else ""
     cap = f" (+{day.keys_evicted_cap} by cap)" if day.keys_evicted_cap else ""
+    tail = (" (resumed)" if day.resumed else "") + ("" if day.saved else " (not saved)")
     return (
         f"day {day.dt}:{auc} rows {day.rows_trained}{empty} - keys created {day.keys_created} - "
-        f"evicted {day.keys_evicted}{cap} - tables {sizes}" + (" (resumed)" if day.resumed else "")
+        f"evicted {day.keys_evicted}{cap} - tables {sizes}{tail}"
     )

@@ -107,6 +107,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self.click_label: str | None = None
         self.stop_training = False
         self.global_step = 0  # training steps taken, kept in checkpoints
+        self.last_decayed_day: str | None = None  # the tables' statistics decayed up to it
         self.fit_data: Any = (
             None  # the worker's data of the running fit (callbacks ask its position)
         )
@@ -215,11 +216,19 @@ class Model(TrainingLoops, torch.nn.Module):
     ) -> str:
         """Save a new checkpoint generation for day ``dt`` (see :mod:`tnrec.checkpoint`).
 
-        Every worker calls it. Returns the published directory.
+        Every worker calls it. The resume state records :attr:`global_step`,
+        :attr:`last_decayed_day` and the tables' scheduled learning rates
+        (``resume`` adds to it). Returns the published directory.
         """
         from tnrec import checkpoint
 
-        resume = {"global_step": self.global_step, **(resume or {})}
+        state: dict[str, Any] = {"global_step": self.global_step}
+        if self.last_decayed_day is not None:
+            state["last_decayed_day"] = self.last_decayed_day
+        rates = {n: t.scheduled_learning_rate for n, t in sorted(self.tables.items())}
+        if any(lr is not None for lr in rates.values()):
+            state["learning_rates"] = rates  # the tables' scheduled rates (None: the optimizer's)
+        resume = {**state, **(resume or {})}
         return checkpoint.save(self, model_dir, dt, resume=resume, position=position, keep=keep)
 
     def load_weights(self, model_dir: str, dt: str | None = None, *, partial: bool = False) -> Any:
@@ -239,6 +248,10 @@ class Model(TrainingLoops, torch.nn.Module):
                 print(f"load_weights: no checkpoint in {model_dir}; starting fresh.", flush=True)
             return None
         self.global_step = int(report.resume.get("global_step", 0))
+        self.last_decayed_day = report.resume.get("last_decayed_day")
+        rates = report.resume.get("learning_rates") or {}
+        for name, table in self.tables.items():
+            table.set_learning_rate(rates.get(name))
         return report
 
     def export(

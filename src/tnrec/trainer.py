@@ -284,6 +284,8 @@ class TrainingLoops:
         rows = 0
         steps = 0
         for step, batch in enumerate(self._synced(part, steps_per_epoch), start=1):
+            for cb in cbs:
+                cb.on_train_batch_begin(step)
             logs = self.train_step(batch)
             self.global_step += 1
             steps = step

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -130,6 +131,7 @@ class SparseTable(RowAccess):
         self.seed = int(seed)
         self.policy = policy
         self.generation = 0
+        self._learning_rate: float | None = None  # set_learning_rate's, else the optimizer's
         self._state_width = optimizer.state_width(self.dim)
         self._table_seed = table_stream_seed(self.seed, name)
         self._store = rows.RowStore(self.dim + self._state_width + 4)
@@ -156,6 +158,48 @@ class SparseTable(RowAccess):
         self.counters = {"keys_admitted": 0, "keys_refused": 0, "keys_evicted_cap": 0}
         # The last streamed load's wall time and the part spent inserting into the index.
         self.load_timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ learning rate
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate of the next push: :meth:`set_learning_rate`'s, else the optimizer's."""
+        lr = self._learning_rate
+        return float(self.optimizer.learning_rate) if lr is None else lr
+
+    def set_learning_rate(self, lr: float | None) -> None:
+        """Use ``lr`` instead of the optimizer's ``learning_rate`` from the next push on.
+
+        A schedule calls it between steps: the kernels read the rate with the
+        other hyper-parameters at every push, so nothing is recompiled. For
+        :class:`Ftrl` it is ``alpha``. ``None`` goes back to the optimizer's.
+
+        Raises:
+            ArgumentError: ``lr`` is not a finite number >= 0 (> 0 for Ftrl).
+        """
+        if lr is not None:
+            ftrl = type(self.optimizer).__name__ == "Ftrl"  # alpha divides
+            ok = isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr)
+            if not ok or lr < 0 or (ftrl and lr == 0):
+                least = "> 0 (Ftrl divides by it)" if ftrl else ">= 0"
+                raise ArgumentError(
+                    f'Table "{self.name}": the learning rate must be a finite number {least}. '
+                    f"Received: {lr!r}."
+                )
+            lr = float(lr)
+        self._learning_rate = lr
+
+    @property
+    def scheduled_learning_rate(self) -> float | None:
+        """The rate :meth:`set_learning_rate` set (None: the optimizer's is used)."""
+        return self._learning_rate
+
+    def _hyper_params(self) -> npt.NDArray[np.float64]:
+        """The optimizer's hyper-parameter vector with the table's learning rate first."""
+        hp = self.optimizer.hyper_params()
+        if self._learning_rate is not None:
+            hp[0] = self._learning_rate
+        return hp
 
     # ------------------------------------------------------------------ info
 
@@ -415,7 +459,7 @@ class SparseTable(RowAccess):
             return out_rows
         opt = self.optimizer
         loc, seed, init = st.loc, self._table_seed, self.initializer
-        kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
+        kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
         gen = np.int32(self.generation)
         threads.run(
             threads.slices(n),
@@ -613,7 +657,7 @@ class SparseTable(RowAccess):
     ) -> None:
         """Run the optimizer rule on ``rws`` (unique; ``-1`` skipped), one slice a thread."""
         opt, loc = self.optimizer, self._store.loc
-        kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
+        kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
         gen = np.int32(self.generation)
         threads.run(
             parts,
@@ -650,7 +694,7 @@ class SparseTable(RowAccess):
             self._after_push(keys, known, show)
         else:
             slots, loc = self._slots, st.loc
-            kind, hp, dim, width = opt.kind, opt.hyper_params(), self.dim, self._state_width
+            kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
             gen = np.int32(self.generation)
             unknown = sum(
                 threads.run(
