@@ -1,8 +1,8 @@
 """The inputs of a run config: each day's (or glob's) files, checked to hold rows, and readers.
 
 ``data.train_days`` / ``data.test_days`` name directories under ``data.dir``
-(``data.pattern`` in each, by default ``*.parquet``, ``*.csv`` or ``*`` by
-``data.format``); ``data.train`` / ``data.test`` are files or globs. Every input
+(``data.pattern`` in each, by default ``*.parquet``, ``*.csv``, ``*`` or
+``*.tfrecord*`` by ``data.format``); ``data.train`` / ``data.test`` are files or globs. Every input
 must match files that hold at least one row: :func:`check_inputs` checks them all
 before training starts, and each error names the key and the pattern or day.
 """
@@ -18,12 +18,18 @@ import pyarrow.parquet as pq
 
 from tnrec import _fileio
 from tnrec.cli.config import RunConfig, make_columns
-from tnrec.data import Reader, list_files, read_criteo, read_csv, read_parquet
+from tnrec.data import Reader, list_files, read_criteo, read_csv, read_parquet, read_tfrecord
+from tnrec.data.tfrecord import compression_of, has_records
 from tnrec.errors import ArgumentError, ConfigError, DataError
 
 __all__ = ["DEFAULT_PATTERN", "check_inputs", "day_files", "input_files", "make_reader"]
 
-DEFAULT_PATTERN = {"parquet": "*.parquet", "csv": "*.csv", "criteo": "*"}
+DEFAULT_PATTERN = {
+    "parquet": "*.parquet",
+    "csv": "*.csv",
+    "criteo": "*",
+    "tfrecord": "*.tfrecord*",
+}
 
 
 def _expand(patterns: Sequence[str], label: str, error: type[ArgumentError]) -> list[str]:
@@ -40,8 +46,10 @@ def _expand(patterns: Sequence[str], label: str, error: type[ArgumentError]) -> 
 
 
 def _holds_rows(cfg: RunConfig, path: str) -> bool:
-    """Whether ``path`` holds a row: Parquet metadata, or text beyond the CSV header line."""
+    """Whether ``path`` holds a row: Parquet metadata, TFRecord bytes, text past a CSV header."""
     d = cfg.data
+    if d.format == "tfrecord":
+        return has_records(path, compression_of(path, _compression(cfg)))
     if d.format == "parquet":
         try:
             with pq.ParquetFile(_fileio.input_source(path)) as f:
@@ -178,4 +186,12 @@ def make_reader(
         return read_parquet(files, cols, **common)
     if d.format == "csv":
         return read_csv(files, cols, delimiter=d.delimiter, header=d.header, **common)
+    if d.format == "tfrecord":
+        return read_tfrecord(files, cols, compression=_compression(cfg), **common)
     return read_criteo(files, cols, **common)
+
+
+def _compression(cfg: RunConfig) -> Any:
+    """``data.compression`` as :func:`tnrec.data.read_tfrecord` takes it."""
+    c = cfg.data.compression.lower()
+    return None if c == "none" else c if c == "auto" else c.upper()

@@ -1,8 +1,9 @@
 """Data: readers from raw files to hashed batches (NumPy/Arrow only, no torch).
 
-Readers for Parquet, CSV/TSV with a schema and the raw Criteo format all yield
-the same :class:`Batch`; they split across workers, shuffle deterministically,
-read ahead in a background thread and resume from a JSON-ready position.
+Readers for Parquet, CSV/TSV with a schema, the raw Criteo format and TFRecord
+files of ``tf.train.Example`` records all yield the same :class:`Batch`; they
+split across workers, shuffle deterministically, read ahead in a background
+thread and resume from a JSON-ready position.
 
 Example:
     >>> import tempfile
@@ -32,6 +33,7 @@ from tnrec.data.readers import (
     read_criteo,
     read_csv,
     read_parquet,
+    read_tfrecord,
 )
 from tnrec.data.sources import ROW_BITS
 
@@ -55,5 +57,6 @@ __all__ = [
     "read_criteo",
     "read_csv",
     "read_parquet",
+    "read_tfrecord",
     "to_batch",
 ]

@@ -106,24 +106,30 @@ def _list_days(root: str, days: str | Sequence[str] | None, pattern: str) -> lis
 
 @dataclass(frozen=True)
 class Unit:
-    """A piece of input one worker reads: a file, some of its row groups, or a byte range.
+    """A piece of input one worker reads: a file, row groups, a byte range or a record stride.
 
     ``byte_range`` is nominal; the text source moves both ends to line starts,
     so consecutive ranges of one file are disjoint and cover every line.
+    ``stride = (part, parts)`` holds the records ``i`` of the file with
+    ``i % parts == part`` (TFRecord), its row ``k`` being record ``part + k * parts``.
     """
 
     file_index: int
     path: str
     row_groups: tuple[int, ...] | None = None  # Parquet: these row groups only
     byte_range: tuple[int, int] | None = None  # text: [lo, hi) of the file
+    stride: tuple[int, int] | None = None  # records: (part, parts)
 
     def describe(self) -> dict[str, Any]:
         """Return a JSON-ready description (for fingerprints and messages)."""
-        return {
+        out: dict[str, Any] = {
             "file": self.file_index,
             "row_groups": None if self.row_groups is None else list(self.row_groups),
             "bytes": None if self.byte_range is None else list(self.byte_range),
         }
+        if self.stride is not None:
+            out["stride"] = list(self.stride)
+        return out
 
 
 def check_split(rank: object, world_size: object) -> tuple[int, int]:
@@ -153,7 +159,7 @@ def check_split(rank: object, world_size: object) -> tuple[int, int]:
 
 def split_units(
     files: Sequence[str],
-    kind: Literal["parquet", "text"],
+    kind: Literal["parquet", "text", "records"],
     rank: int,
     world_size: int,
     *,
@@ -163,13 +169,14 @@ def split_units(
     """Return the units of worker ``rank`` among ``world_size``.
 
     With at least as many files as workers, files go round-robin. With fewer,
-    Parquet files are cut into row groups and text files into ``world_size``
-    byte ranges each, and those pieces go round-robin. Parts are disjoint and
+    Parquet files are cut into row groups, text files into ``world_size``
+    byte ranges each and record files (TFRecord) into ``world_size`` record
+    strides each, and those pieces go round-robin. Parts are disjoint and
     cover every row; a worker may get nothing.
 
     Args:
         files: all input files, in order.
-        kind: ``"parquet"`` or ``"text"``.
+        kind: ``"parquet"``, ``"text"`` or ``"records"``.
         rank: this worker.
         world_size: number of workers W.
         row_group_counts: Parquet only (needed when fewer files than workers).
@@ -186,6 +193,8 @@ def split_units(
             if row_group_counts is None:
                 raise RuntimeError("internal error: row_group_counts missing")
             pieces.extend(Unit(i, path, row_groups=(g,)) for g in range(row_group_counts[i]))
+        elif kind == "records":
+            pieces.extend(Unit(i, path, stride=(p, world_size)) for p in range(world_size))
         else:
             if data_bounds is None:
                 raise RuntimeError("internal error: data_bounds missing")

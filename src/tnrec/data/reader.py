@@ -149,7 +149,8 @@ class _Prefetcher:
 class Reader:
     r"""Reads hashed batches from files, resumably, split across workers.
 
-    Build one with :func:`read_parquet`, :func:`read_csv` or :func:`read_criteo`.
+    Build one with :func:`read_parquet`, :func:`read_csv`, :func:`read_criteo` or
+    :func:`read_tfrecord`.
     Iterating yields one epoch from the current position; the next iteration
     starts the next epoch (reshuffled when ``shuffle=True``).
 
@@ -236,8 +237,8 @@ class Reader:
         """Return the part of worker ``rank`` among ``world_size``.
 
         Parts are disjoint and cover every row once: files go round-robin; with
-        fewer files than workers, Parquet row groups or text byte ranges
-        (aligned to line starts) do. A part may be empty.
+        fewer files than workers, Parquet row groups, text byte ranges
+        (aligned to line starts) or TFRecord record strides do. A part may be empty.
 
         Raises:
             ArgumentError: ``rank``/``world_size`` are invalid, or this reader is
@@ -255,9 +256,13 @@ class Reader:
         info: dict[str, Any] = {}
         if len(self._files) < world_size:
             info = self._source.split_info(self._files)
+        kinds: dict[str, Literal["parquet", "text", "records"]] = {
+            "parquet": "parquet",
+            "tfrecord": "records",
+        }
         part._units = split_units(
             self._files,
-            "parquet" if self._source.kind == "parquet" else "text",
+            kinds.get(self._source.kind, "text"),
             rank,
             world_size,
             row_group_counts=info.get("row_group_counts"),

@@ -1,4 +1,4 @@
-"""Reader constructors: Parquet, CSV/TSV with a schema, raw Criteo TSV."""
+"""Reader constructors: Parquet, CSV/TSV with a schema, raw Criteo TSV, TFRecord."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
-from tnrec.data.decode import make_schema
+from tnrec.data.decode import Schema, make_schema
 from tnrec.data.files import expand_paths
 from tnrec.data.reader import Reader
 from tnrec.data.sources import ParquetSource
 from tnrec.data.text import TextSource
+from tnrec.data.tfrecord import TFRecordSource, Want, check_compression
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import (
+    BucketizedColumn,
     Column,
     EmbeddingColumn,
     SequenceCategoryColumn,
@@ -234,3 +236,79 @@ def read_criteo(
         on_bad_row=on_bad_row,
         drop_last=drop_last,
     )
+
+
+def read_tfrecord(
+    paths: Paths,
+    columns: Sequence[Column],
+    *,
+    compression: Literal["GZIP", "ZLIB", "auto"] | None = None,
+    label: str | Sequence[str] | None = "label",
+    weight: str | None = None,
+    batch_size: int = 1024,
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer_rows: int = 65536,
+    prefetch: int = 2,
+    on_bad_row: Literal["raise", "skip"] = "raise",
+    drop_last: bool = False,
+) -> Reader:
+    """Read TFRecord files of ``tf.train.Example`` records, without TensorFlow.
+
+    Each record is a row; the feature named like a column's key feeds it
+    (``float_list`` / ``int64_list`` for numeric columns, labels and weights,
+    ``bytes_list`` or ``int64_list`` for ``dtype="str"`` columns,
+    ``int64_list`` for other categorical columns; a list gives one key per
+    value). A feature a record lacks is missing, as a Parquet null is. Both
+    CRCs of every record are checked; a record whose data CRC does not match,
+    that is not a well-formed ``Example``, or whose feature has the wrong
+    kind of list is a bad row. A damaged length or a file that ends inside a
+    record raises in both modes, naming file and byte offset (see
+    :mod:`tnrec.data.tfrecord`).
+
+    Args:
+        paths: files and glob patterns.
+        columns: feature columns.
+        compression: None (plain), ``"GZIP"`` or ``"ZLIB"`` (TensorFlow's
+            ``compression_type``), or ``"auto"``: GZIP for names ending in
+            ``.gz``, ZLIB for ``.zlib``, plain otherwise.
+        label, weight, batch_size, shuffle, seed, shuffle_buffer_rows, prefetch,
+        on_bad_row, drop_last: as in :func:`read_parquet`.
+
+    Returns:
+        The reader.
+
+    Raises:
+        DataError: a pattern matches no file or a file is missing (here); while
+            reading, a bad row (unless skipped), damaged framing or
+            compressed data, or a truncated file.
+        ArgumentError, SpecError: an argument or column is invalid.
+    """
+    kind = check_compression(compression, "read_tfrecord")
+    schema = make_schema(columns, label, weight)
+    return Reader(
+        expand_paths(paths),
+        TFRecordSource(_wants(schema), kind),
+        schema,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        shuffle_buffer_rows=shuffle_buffer_rows,
+        prefetch=prefetch,
+        on_bad_row=on_bad_row,
+        drop_last=drop_last,
+    )
+
+
+def _wants(schema: Schema) -> dict[str, Want]:
+    """What each field's column reads from a ``tf.train.Example`` feature."""
+    wants: dict[str, Want] = {}
+    for col in schema.sparse:
+        if isinstance(col, BucketizedColumn):
+            wants[col.key] = "number"
+        else:
+            wants[col.key] = "text" if col.dtype == "str" else "int"
+    for name in (*(c.key for c in schema.dense), *schema.labels, schema.weight):
+        if name is not None:
+            wants[name] = "number"
+    return wants
