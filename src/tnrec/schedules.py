@@ -234,3 +234,5 @@ def schedule_from_config(config: dict[str, Any], where: str = "schedule") -> Sch
         return cls(**cfg)
     except TypeError as e:  # a required argument left out
         raise ArgumentError(f"{where}: {name}: {e}.") from None
+    except ArgumentError as e:
+        raise ArgumentError(f"{where}: {e}") from None

@@ -21,17 +21,16 @@ Every key, with its default::
     cross_layers = 3               # dcn
 
     [data]
-    format = "parquet"             # parquet | csv | criteo | tfrecord
+    format = "parquet"             # parquet | csv | criteo
     train = ["data/2024-05-*/*.parquet"]   # files/globs; or dir + train_days (+ pattern)
     test = "data/test/*.parquet"           # or dir + test_days; optional
     dir = "data"
     train_days = ["2024-05-10"]
     test_days = ["2024-05-11"]
-    pattern = "*.parquet"          # default by format: *.parquet, *.csv, *, *.tfrecord*
+    pattern = "*.parquet"          # default by format: *.parquet, *.csv, *
     label = "label"
     delimiter = ","                # csv
     header = true                  # csv
-    compression = "auto"           # tfrecord: auto (by name: *.gz, *.zlib) | none | gzip | zlib
     shuffle = true                 # training data, deterministic given seed
     prefetch = 2
     on_bad_row = "raise"           # raise | skip: a row that cannot be decoded (every reader)
@@ -53,6 +52,13 @@ Every key, with its default::
     dir = "runs/tnrec/model"       # default: <output_dir>/model
     save_every_n_steps = 1000      # optional: mid-day checkpoints (resume inside a day)
     keep = 5                       # optional: keep this many newest generations
+    save_every_days = 1            # save every N-th day of data.train_days and the last one
+
+    [schedule]                     # optional: both optimizers' learning rate, per step
+    type = "warmup"                # warmup | exponentialdecay | stepdecay | cosinedecay
+    steps = 1000                   # the type's arguments (tnrec.schedules); warmup's then:
+    start_factor = 0.1
+    then = {type = "cosinedecay", decay_steps = 100000, min_factor = 0.05}
 
     [eviction]                     # every table's decay and eviction (tnrec.table.EvictionPolicy)
     show_decay_rate = 0.98         # show/click factor per day, before each day's save
@@ -74,7 +80,8 @@ Every key, with its default::
 
 Integers are checked against their range (``seed`` >= 0; ``embedding_dim``,
 ``hidden_units``, ``epochs``, ``batch_size``, ``log_every``,
-``save_every_n_steps``, ``keep`` >= 1; ``cross_layers``, ``prefetch`` >= 0);
+``save_every_n_steps``, ``keep``, ``save_every_days`` >= 1; ``cross_layers``,
+``prefetch`` >= 0);
 every float, here and in ``[optimizer.*]``, must be finite (TOML's ``nan``
 and ``inf`` are refused).
 
@@ -113,6 +120,7 @@ from tnrec.errors import ArgumentError, ConfigError, SpecError
 from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
 from tnrec.models import MODELS
 from tnrec.optimizer import SparseOptimizer
+from tnrec.schedules import Schedule, schedule_from_config
 from tnrec.table import OPTIMIZERS, AdmissionPolicy, EvictionPolicy
 
 __all__ = [
@@ -132,11 +140,11 @@ __all__ = [
     "make_optimizer",
     "make_admission",
     "make_policy",
+    "make_schedule",
 ]
 
 MODEL_NAMES = tuple(MODELS)
-FORMATS = ("parquet", "csv", "criteo", "tfrecord")
-COMPRESSIONS = ("auto", "none", "gzip", "zlib")
+FORMATS = ("parquet", "csv", "criteo")
 BAD_ROW_MODES = ("raise", "skip")
 
 _ONE_OR_LIST = "one item or a list"
@@ -181,7 +189,6 @@ class OptimizerConfig:
     """``[optimizer]``: two free-form tables, ``type`` and hyper-parameters (checked later)."""
 
     sparse: dict[str, Any] = field(
-    compression: str = "auto"
         default_factory=lambda: {"type": "adagrad", "learning_rate": 0.05}
     )
     dense: dict[str, Any] = field(default_factory=lambda: {"type": "adam", "learning_rate": 0.001})
@@ -204,6 +211,7 @@ class CheckpointConfig:
     dir: str | None = None
     save_every_n_steps: int | None = None
     keep: int | None = None
+    save_every_days: int = 1
 
 
 @dataclass
@@ -262,6 +270,7 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    schedule: dict[str, Any] | None = None  # checked by make_schedule
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -449,6 +458,7 @@ def _check_values(where: str, c: RunConfig) -> None:
     positive("data.prefetch", d.prefetch, 0)
     positive("checkpoint.save_every_n_steps", c.checkpoint.save_every_n_steps)
     positive("checkpoint.keep", c.checkpoint.keep)
+    positive("checkpoint.save_every_days", c.checkpoint.save_every_days)
     if c.distributed.timeout_s <= 0:
         raise ConfigError(
             f'{where}: "distributed.timeout_s" must be > 0. Received: {c.distributed.timeout_s!r}.'
@@ -471,11 +481,6 @@ def _check_values(where: str, c: RunConfig) -> None:
             f'{where}: no training data: set "data.train" (files/globs) or "data.dir" and '
             '"data.train_days".'
         )
-    if d.compression.lower() not in COMPRESSIONS:
-        raise ConfigError(
-            f'{where}: "data.compression" must be one of {COMPRESSIONS}. '
-            f"Received: {d.compression!r}."
-        )
     if isinstance(c.columns, str) and c.columns != "criteo":
         raise ConfigError(
             f'{where}: "columns" must be "criteo" or a list of [[columns]] tables. '
@@ -486,6 +491,7 @@ def _check_values(where: str, c: RunConfig) -> None:
     make_columns(c)  # validates
     make_policy(c)  # validates
     make_admission(c)  # validates
+    make_schedule(c)  # validates
     positive("distributed.memory_limit_bytes", c.distributed.memory_limit_bytes)
 
 
@@ -569,6 +575,21 @@ def make_policy(cfg: RunConfig) -> EvictionPolicy:
         )
     except ArgumentError as err:
         raise ConfigError(f"{cfg.source}: eviction: {err}") from None
+
+
+def make_schedule(cfg: RunConfig) -> Schedule | None:
+    """Return the learning-rate schedule of ``[schedule]`` (None when the config has none).
+
+    Raises:
+        ConfigError: an unknown type or argument, or a bad value (the message names
+            ``schedule``).
+    """
+    if cfg.schedule is None:
+        return None
+    try:
+        return schedule_from_config(cfg.schedule, "schedule")
+    except ArgumentError as err:
+        raise ConfigError(f"{cfg.source}: {err}") from None
 
 
 def make_admission(cfg: RunConfig) -> AdmissionPolicy | None:

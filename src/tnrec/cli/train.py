@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tnrec import _fileio, checkpoint
+from tnrec.callbacks import Callback, LearningRateScheduler
 from tnrec.cli.artifacts import (
     MODEL_FILE,
     model_doc,
@@ -31,6 +32,7 @@ from tnrec.cli.config import (
     RunConfig,
     key_digests,
     make_policy,
+    make_schedule,
 )
 from tnrec.cli.inputs import check_inputs, make_reader
 from tnrec.daily import DayReport, train_days
@@ -160,6 +162,7 @@ def _day_record(day: DayReport) -> dict[str, Any]:
         "dt": day.dt,
         "skipped": day.skipped,
         "resumed": day.resumed,
+        "saved": day.saved,
         "rows": day.rows_trained,
         "keys_created": day.keys_created,
         "keys_evicted": day.keys_evicted,
@@ -179,7 +182,10 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     model dirs, and every input (each day, the test data) is checked. A day
     already complete in the checkpoint is skipped; an interrupted day resumes
     from its saved input position (``checkpoint.save_every_n_steps``). Before
-    each day's save the tables decay and evict by ``[eviction]``. Rank 0
+    each day's save the tables decay and evict by ``[eviction]``; with
+    ``checkpoint.save_every_days`` only every N-th day and the last are saved
+    (a stopped run trains the days after the last saved one again), and
+    ``[schedule]`` sets both optimizers' learning rates before every step. Rank 0
     writes ``model.json``, ``config.json``, prints one line per day and
     appends them to ``runlog.jsonl`` (with each table's keys admitted and
     refused, rows evicted by the cap and at the day's end, rows, bytes and
@@ -223,16 +229,21 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     ck = cfg.checkpoint
     # Per-step and per-epoch records (rows, samples/s, input wait, metrics): rank 0 only.
     log = RunLog(cfg.output_dir, every=cfg.train.log_every) if rank == 0 else None
+    schedule = make_schedule(cfg)
+    callbacks: list[Callback] = [log] if log is not None else []
+    if schedule is not None:
+        callbacks.append(LearningRateScheduler(schedule))
     reports = train_days(
         model,
         days,
         model_dir,
         epochs=cfg.train.epochs,
         save_every_n_steps=ck.save_every_n_steps,
+        save_every_days=ck.save_every_days,
         keep=ck.keep,
         eval_next_day=eval_next_day,
         verbose=verbose,
-        callbacks=[log] if log is not None else (),
+        callbacks=callbacks,
         wrap=log.wrap if log is not None else None,
         log_every=cfg.train.log_every,  # memory reports: on every worker, same steps
     )
