@@ -21,16 +21,17 @@ Every key, with its default::
     cross_layers = 3               # dcn
 
     [data]
-    format = "parquet"             # parquet | csv | criteo
+    format = "parquet"             # parquet | csv | criteo | tfrecord
     train = ["data/2024-05-*/*.parquet"]   # files/globs; or dir + train_days (+ pattern)
     test = "data/test/*.parquet"           # or dir + test_days; optional
     dir = "data"
     train_days = ["2024-05-10"]
     test_days = ["2024-05-11"]
-    pattern = "*.parquet"          # default by format: *.parquet, *.csv, *
+    pattern = "*.parquet"          # default by format: *.parquet, *.csv, *, *.tfrecord*
     label = "label"
     delimiter = ","                # csv
     header = true                  # csv
+    compression = "auto"           # tfrecord: auto (by name: *.gz, *.zlib) | none | gzip | zlib
     shuffle = true                 # training data, deterministic given seed
     prefetch = 2
     on_bad_row = "raise"           # raise | skip: a row that cannot be decoded (every reader)
@@ -144,7 +145,8 @@ __all__ = [
 ]
 
 MODEL_NAMES = tuple(MODELS)
-FORMATS = ("parquet", "csv", "criteo")
+FORMATS = ("parquet", "csv", "criteo", "tfrecord")
+COMPRESSIONS = ("auto", "none", "gzip", "zlib")
 BAD_ROW_MODES = ("raise", "skip")
 
 _ONE_OR_LIST = "one item or a list"
@@ -179,6 +181,7 @@ class DataConfig:
     label: str = "label"
     delimiter: str = ","
     header: bool = True
+    compression: str = "auto"
     shuffle: bool = True
     prefetch: int = 2
     on_bad_row: str = "raise"
@@ -480,6 +483,11 @@ def _check_values(where: str, c: RunConfig) -> None:
         raise ConfigError(
             f'{where}: no training data: set "data.train" (files/globs) or "data.dir" and '
             '"data.train_days".'
+        )
+    if d.compression.lower() not in COMPRESSIONS:
+        raise ConfigError(
+            f'{where}: "data.compression" must be one of {COMPRESSIONS}. '
+            f"Received: {d.compression!r}."
         )
     if isinstance(c.columns, str) and c.columns != "criteo":
         raise ConfigError(
