@@ -59,6 +59,7 @@ import pyarrow as pa
 
 from tnrec import _fileio
 from tnrec.data import _tfexample as tfx
+from tnrec.data import _tfframe as tff
 from tnrec.data.files import Unit
 from tnrec.data.sources import Chunk
 from tnrec.errors import ArgumentError, DataError
@@ -215,8 +216,8 @@ def frame_records(path: str, compression: str | None, block_bytes: int) -> Itera
         cap = buf.size // 16 + 1
         starts = np.empty(cap, dtype=np.int64)
         lengths = np.empty(cap, dtype=np.int64)
-        count, used, status, need = tfx.frame(buf, starts, lengths, tfx.CRC_TABLES)
-        if status == tfx.BAD_LENGTH_CRC:
+        count, used, status, need = tff.frame(buf, starts, lengths, tff.CRC_TABLES)
+        if status == tff.BAD_LENGTH_CRC:
             raise DataError(_bad_length(path, buf, used, offset + used, index + count, where))
         if count:
             yield _Framed(buf, starts[:count], lengths[:count], index, offset)
@@ -225,12 +226,12 @@ def frame_records(path: str, compression: str | None, block_bytes: int) -> Itera
         index += count
     if carry.size:
         if carry.size >= 12:  # the length is readable
-            count, used, status, need = tfx.frame(
-                carry, np.empty(1, np.int64), np.empty(1, np.int64), tfx.CRC_TABLES
+            count, used, status, need = tff.frame(
+                carry, np.empty(1, np.int64), np.empty(1, np.int64), tff.CRC_TABLES
             )
-            if status == tfx.BAD_LENGTH_CRC:
+            if status == tff.BAD_LENGTH_CRC:
                 raise DataError(_bad_length(path, carry, 0, offset, index, where))
-            expect = f"{need} bytes" if need < tfx.HUGE else "more bytes than any file holds"
+            expect = f"{need} bytes" if need < tff.HUGE else "more bytes than any file holds"
         else:
             expect = "a 12-byte header"
         raise DataError(
@@ -332,7 +333,7 @@ class _Decoder:
         """
         starts, lengths = framed.starts[picked], framed.lengths[picked]
         status, bad_field, detail, kind, spans, counts, sizes = tfx.index_records(
-            framed.buf, starts, lengths, self.names, self.name_offsets, self.want, tfx.CRC_TABLES
+            framed.buf, starts, lengths, self.names, self.name_offsets, self.want, tff.CRC_TABLES
         )
         ok = status == tfx.OK
         rows = np.flatnonzero(ok).astype(np.int64)  # [G] into picked

@@ -23,7 +23,7 @@ from tests.unit.data.tfrecord_writer import (
     rows_to_examples,
     write_records,
 )
-from tnrec.data import _tfexample as tfx
+from tnrec.data import _tfframe as tff
 from tnrec.errors import ArgumentError, DataError
 
 fc = tn.feature_column
@@ -61,20 +61,20 @@ def assert_same_batches(a: td.Batch, b: td.Batch) -> None:
 
 
 def test_crc32c_matches_the_check_value_and_the_bitwise_definition():
-    assert tfx.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
-    assert tfx.crc32c(b"") == 0
+    assert tff.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert tff.crc32c(b"") == 0
     rng = np.random.default_rng(0)
     for n in [*range(0, 40), 1000, 4099]:  # every tail length of the 8-byte slicing
         data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-        assert tfx.crc32c(data) == crc32c_bitwise(data), n
-        assert tfx.masked_crc32c(data) == masked(crc32c_bitwise(data)), n
+        assert tff.crc32c(data) == crc32c_bitwise(data), n
+        assert tff.masked_crc32c(data) == masked(crc32c_bitwise(data)), n
 
 
 def test_masked_crc_of_a_known_record_header():
     # 8 zero bytes (length 0): TFRecord's masked CRC32C of its length, computed bit by bit
     length = struct.pack("<Q", 0)
-    assert tfx.masked_crc32c(length) == masked(crc32c_bitwise(length))
-    assert frame(b"")[8:12] == struct.pack("<I", tfx.masked_crc32c(length))
+    assert tff.masked_crc32c(length) == masked(crc32c_bitwise(length))
+    assert frame(b"")[8:12] == struct.pack("<I", tff.masked_crc32c(length))
 
 
 # --------------------------------------------------------------------------- Example decoding
