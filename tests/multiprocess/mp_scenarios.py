@@ -334,7 +334,41 @@ def load_admission(ckpt: str) -> dict[str, np.ndarray]:
     return {"sketch": table.sketch.estimate(PROBE), "keys": table.keys()}
 
 
-SCENARIOS = {"contract": run_contract, "timeout": run_timeout, "crash": run_crash}
+def run_schedule(rank: int, world: int) -> dict[str, np.ndarray]:
+    """``fit`` 20 steps of this worker's slices under a warm-up then exponential decay."""
+    from tnrec.callbacks import Callback, LearningRateScheduler
+    from tnrec.schedules import ExponentialDecay, WarmUp
+
+    class Rates(Callback):
+        def __init__(self) -> None:
+            self.seen: list[list[float]] = []
+
+        def on_train_batch_end(self, step, logs=None):
+            rates = [t.learning_rate for _, t in sorted(self.model.tables.items())]
+            self.seen.append([self.model.optimizer.param_groups[0]["lr"], *rates])
+
+    torch.manual_seed(0)
+    model = ContractModel(AdaGrad(0.1, initial_g2sum=0.1))
+    model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
+    part = [worker_slice(global_batch(step), step, rank, world) for step in range(20)]
+    schedule = LearningRateScheduler(WarmUp(5, 0.2, then=ExponentialDecay(3, 0.7)))
+    rates = Rates()
+    model.fit(part, callbacks=[schedule, rates], verbose=0)
+    out = {"schedule/rates": np.array(rates.seen)}
+    for name, p in model.named_parameters():
+        out[f"schedule/dense/{name}"] = p.detach().numpy()
+    for tname, table in model.tables.items():
+        for k, v in table.rows().items():
+            out[f"schedule/table/{tname}/{k}"] = v
+    return out
+
+
+SCENARIOS = {
+    "contract": run_contract,
+    "timeout": run_timeout,
+    "crash": run_crash,
+    "schedule": run_schedule,
+}
 
 
 def main() -> None:
