@@ -1,23 +1,31 @@
-"""Rows/s of reading + hashing Criteo data (26 categorical, 13 numeric), TSV and Parquet.
+"""Rows/s of reading + hashing Criteo data (26 categorical, 13 numeric): TSV, Parquet, TFRecord.
 
 Run: ``python bench/data_bench.py [--rows 200000] [--batch-size 4096] [--step-ms 10]``
 
 Input: the 9,999-row Criteo sample at /work/shared/data/criteo/dac_train_head_9999.tsv
 replicated to ``--rows`` rows when present, else generated Criteo-like rows. The
 Parquet copy is written from the same rows (ints as int64, categories as text,
-row groups of 65,536). Files go to a temporary directory.
+row groups of 65,536), and the TFRecord copy of ``tf.train.Example`` records
+(ints as int64_list, categories as bytes_list, the first 10,000 rows encoded by
+the tests' writer and replicated). Files go to a temporary directory.
 
 For each format: one epoch consumed as fast as possible, inline (``prefetch=0``,
 one thread) and with a background prefetch thread (``prefetch=4``); then one
 epoch where the consumer "trains" ``--step-ms`` per batch (a sleep, which like a
 torch step releases the GIL), reporting the share of wall time the consumer
 waited for input. An untimed warm-up epoch loads the numba cache first.
+
+Then TFRecord's parts on their own: CRC32C throughput, and the decoding of
+``tf.train.Example`` records by tnrec's numba kernels against the ``protobuf``
+package (parse each record, move its values into Python lists: the least a
+reader built on it would do).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +36,12 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 import tnrec.data as td
+from tnrec.data import _tfframe
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the tests' TFRecord writer: tests.unit.data.tfrecord_writer
+
+from tests.unit.data import tfrecord_writer as tfw  # noqa: E402
 
 SAMPLE = Path("/work/shared/data/criteo/dac_train_head_9999.tsv")
 
@@ -66,9 +80,51 @@ def write_inputs(root: Path, rows: int) -> tuple[Path, Path, str]:
     return tsv, parquet, origin
 
 
+def write_tfrecord(root: Path, parquet: Path, rows: int) -> tuple[Path, list[bytes]]:
+    """Write ``rows`` records (the first 10,000 rows encoded, then replicated)."""
+    head = pq.read_table(parquet).slice(0, 10_000).to_pydict()
+    kinds = {k: "int64" for k in ("label", *td.CRITEO_NUMERIC)}
+    kinds.update({k: "bytes" for k in td.CRITEO_CATEGORICAL})
+    examples = tfw.rows_to_examples(head, kinds)
+    framed = [tfw.frame(e) for e in examples]
+    reps = -(-rows // len(framed))
+    path = root / "criteo.tfrecord"
+    path.write_bytes(b"".join((framed * reps)[:rows]))
+    return path, examples
+
+
+def decode_costs(examples: list[bytes]) -> str:
+    """Microseconds per record: tnrec's kernels (through the reader) against protobuf's parser."""
+    root = Path(tempfile.mkdtemp())
+    path = tfw.write_records(root / "d.tfrecord", examples)
+    epoch(make_reader("TFRecord", path, 4096, 0))  # warm-up
+    n, dt = epoch(make_reader("TFRecord", path, 4096, 0))
+    cls = tfw._example_classes()["Example"]
+    t0 = time.perf_counter()
+    for data in examples:
+        ex = cls.FromString(data)
+        for name, f in ex.features.feature.items():
+            kind = f.WhichOneof("kind")
+            _ = (name, list(getattr(f, kind).value)) if kind else (name, [])
+    pb = time.perf_counter() - t0
+    buf = np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8)
+    _tfframe.crc32c_span(buf, 0, 1024, _tfframe.CRC_TABLES)
+    t0 = time.perf_counter()
+    _tfframe.crc32c_span(buf, 0, buf.size, _tfframe.CRC_TABLES)
+    crc = time.perf_counter() - t0
+    return (
+        f"TFRecord parts: CRC32C {buf.size / crc / 1e9:.2f} GB/s; tf.train.Example -> "
+        f"hashed batch {1e6 * dt / n:.2f} us/record (whole reader, one thread) vs protobuf "
+        f"parse + values to lists {1e6 * pb / len(examples):.1f} us/record"
+    )
+
+
 def make_reader(kind: str, path: Path, batch_size: int, prefetch: int) -> td.Reader:
     if kind == "Criteo TSV":
         return td.read_criteo(path, batch_size=batch_size, prefetch=prefetch)
+    if kind == "TFRecord":
+        cols = td.criteo_columns()
+        return td.read_tfrecord(path, cols, batch_size=batch_size, prefetch=prefetch)
     return td.read_parquet(path, td.criteo_columns(), batch_size=batch_size, prefetch=prefetch)
 
 
@@ -93,14 +149,16 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         tsv, parquet, origin = write_inputs(Path(tmp), args.rows)
+        tfrecord, examples = write_tfrecord(Path(tmp), parquet, args.rows)
         print(
             f"input: {args.rows:,} rows ({origin}); TSV {tsv.stat().st_size / 2**20:.1f} MiB, "
-            f"Parquet {parquet.stat().st_size / 2**20:.1f} MiB; batch {args.batch_size}; "
+            f"Parquet {parquet.stat().st_size / 2**20:.1f} MiB, "
+            f"TFRecord {tfrecord.stat().st_size / 2**20:.1f} MiB; batch {args.batch_size}; "
             f"{os.cpu_count()} CPUs\n"
         )
         print(f"| format | prefetch | rows/s | input wait with a {args.step_ms:g} ms step |")
         print("|---|---|---|---|")
-        for kind, path in (("Criteo TSV", tsv), ("Parquet", parquet)):
+        for kind, path in (("Criteo TSV", tsv), ("Parquet", parquet), ("TFRecord", tfrecord)):
             epoch(make_reader(kind, path, args.batch_size, 0))  # warm-up: numba cache, page cache
             for prefetch in (0, 4):
                 n, dt = epoch(make_reader(kind, path, args.batch_size, prefetch))
@@ -109,6 +167,7 @@ def main() -> None:
                 share = r.stats.input_wait_s / wall
                 label = "off (1 thread)" if prefetch == 0 else f"{prefetch} batches"
                 print(f"| {kind} | {label} | {n / dt:,.0f} | {100 * share:.1f}% |")
+        print("\n" + decode_costs(examples))
 
 
 if __name__ == "__main__":

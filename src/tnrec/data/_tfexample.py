@@ -84,6 +84,25 @@ def _span(buf: npt.NDArray[np.uint8], pos: int, end: int) -> tuple[int, int]:
     return pos, pos + ln
 
 
+_FNV_OFFSET = -3750763034362895579  # 0xCBF29CE484222325 as int64
+_FNV_PRIME = 0x100000001B3
+
+
+def name_slots(names: list[bytes]) -> npt.NDArray[np.int64]:
+    """Return the open-addressing table of the wanted names: ``slots[h & (S-1)] = field``."""
+    size = 1 << max(4, (2 * len(names)).bit_length())
+    slots = np.full(size, -1, dtype=np.int64)
+    for f, name in enumerate(names):
+        h = 0xCBF29CE484222325
+        for b in name:
+            h = ((h ^ b) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+        at = h & (size - 1)
+        while slots[at] >= 0:
+            at = (at + 1) & (size - 1)
+        slots[at] = f
+    return slots
+
+
 @numba.njit(nogil=True, cache=True)
 def _field_of(
     buf: npt.NDArray[np.uint8],
@@ -91,20 +110,27 @@ def _field_of(
     hi: int,
     names: npt.NDArray[np.uint8],
     name_offsets: npt.NDArray[np.int64],
+    slots: npt.NDArray[np.int64],
 ) -> int:
-    """Return the index of the wanted field named ``buf[lo:hi]``, or -1."""
+    """Return the index of the wanted field named ``buf[lo:hi]``, or -1 (FNV-1a, probing)."""
+    h = _FNV_OFFSET
+    for i in range(lo, hi):
+        h = (h ^ buf[i]) * _FNV_PRIME  # wraps mod 2**64, as the uint64 hash
+    mask = slots.shape[0] - 1
+    at = h & mask
     n = hi - lo
-    for f in range(name_offsets.shape[0] - 1):
+    while slots[at] >= 0:
+        f = slots[at]
         a = name_offsets[f]
-        if name_offsets[f + 1] - a != n:
-            continue
-        same = True
-        for k in range(n):
-            if names[a + k] != buf[lo + k]:
-                same = False
-                break
-        if same:
-            return f
+        if name_offsets[f + 1] - a == n:
+            same = True
+            for k in range(n):
+                if names[a + k] != buf[lo + k]:
+                    same = False
+                    break
+            if same:
+                return f
+        at = (at + 1) & mask
     return -1
 
 
@@ -162,10 +188,12 @@ def _features(
     hi: int,
     names: npt.NDArray[np.uint8],
     name_offsets: npt.NDArray[np.int64],
+    slots: npt.NDArray[np.int64],
     kind: npt.NDArray[np.int8],
     spans: npt.NDArray[np.int64],
+    r: int,
 ) -> int:
-    """Parse a ``Features`` message into one record's ``kind[F]`` and ``spans[F, 2]``.
+    """Parse record ``r``'s ``Features`` into ``kind[:, r]`` and ``spans[:, r]``.
 
     Returns:
         -1 when well formed, else the position where it is malformed.
@@ -187,12 +215,12 @@ def _features(
         ka, kb, va, vb = _entry(buf, s, e)
         if kb < 0 or vb < 0:
             return at
-        f = _field_of(buf, ka, kb, names, name_offsets)
+        f = _field_of(buf, ka, kb, names, name_offsets, slots)
         if f >= 0:
             k, a, b = _feature(buf, va, vb)
             if b < 0:
                 return at
-            kind[f], spans[f, 0], spans[f, 1] = k, a, b
+            kind[f, r], spans[f, r, 0], spans[f, r, 1] = k, a, b
         pos = e
     return -1
 
@@ -204,10 +232,12 @@ def _example(
     hi: int,
     names: npt.NDArray[np.uint8],
     name_offsets: npt.NDArray[np.int64],
+    slots: npt.NDArray[np.int64],
     kind: npt.NDArray[np.int8],
     spans: npt.NDArray[np.int64],
+    r: int,
 ) -> int:
-    """Parse an ``Example``; return -1, or the position where it is malformed."""
+    """Parse record ``r``'s ``Example``; return -1, or the position where it is malformed."""
     pos = lo
     while pos < hi:
         at = pos
@@ -222,7 +252,7 @@ def _example(
         s, e = _span(buf, pos, hi)
         if e < 0:
             return at
-        bad = _features(buf, s, e, names, name_offsets, kind, spans)
+        bad = _features(buf, s, e, names, name_offsets, slots, kind, spans, r)
         if bad >= 0:
             return bad
         pos = e
@@ -341,6 +371,7 @@ def index_records(
     lengths: npt.NDArray[np.int64],
     names: npt.NDArray[np.uint8],
     name_offsets: npt.NDArray[np.int64],
+    slots: npt.NDArray[np.int64],
     want: npt.NDArray[np.int8],
     t: npt.NDArray[np.int64],
 ) -> tuple[
@@ -355,8 +386,8 @@ def index_records(
     """Check and index R records: where each wanted feature's list is, and its size.
 
     Returns:
-        ``(status[R], bad_field[R], detail[R], kind[R, F], spans[R, F, 2],
-        counts[R, F], sizes[R, F])``: the record status (``OK``, ``BAD_CRC``,
+        ``(status[R], bad_field[R], detail[R], kind[F, R], spans[F, R, 2],
+        counts[F, R], sizes[F, R])``: the record status (``OK``, ``BAD_CRC``,
         ``MALFORMED`` with the record offset in ``detail``, ``WRONG_KIND``
         with the kind read in ``detail``, ``TOO_MANY`` with the count), the
         field at fault, and per field the list's kind, byte span, value count
@@ -366,29 +397,29 @@ def index_records(
     status = np.zeros(n_rec, dtype=np.int8)
     bad_field = np.full(n_rec, -1, dtype=np.int64)
     detail = np.zeros(n_rec, dtype=np.int64)
-    kind = np.zeros((n_rec, n_fields), dtype=np.int8)
-    spans = np.zeros((n_rec, n_fields, 2), dtype=np.int64)
-    counts = np.zeros((n_rec, n_fields), dtype=np.int64)
-    sizes = np.zeros((n_rec, n_fields), dtype=np.int64)
+    kind = np.zeros((n_fields, n_rec), dtype=np.int8)  # field-major: one field's column
+    spans = np.zeros((n_fields, n_rec, 2), dtype=np.int64)  # is contiguous for the fills
+    counts = np.zeros((n_fields, n_rec), dtype=np.int64)
+    sizes = np.zeros((n_fields, n_rec), dtype=np.int64)
     for r in range(n_rec):
         s = starts[r]
         e = s + lengths[r]
         if mask_crc(crc32c_span(buf, s, e, t)) != u32_at(buf, e):
             status[r] = BAD_CRC
             continue
-        bad = _example(buf, s, e, names, name_offsets, kind[r], spans[r])
+        bad = _example(buf, s, e, names, name_offsets, slots, kind, spans, r)
         if bad >= 0:
             status[r], detail[r] = MALFORMED, bad - s
             continue
         for f in range(n_fields):
-            k = kind[r, f]
+            k = kind[f, r]
             if k == 0:
                 continue
-            c, size, ok = _count(buf, spans[r, f, 0], spans[r, f, 1], k, want[f] == WANT_TEXT)
+            c, size, ok = _count(buf, spans[f, r, 0], spans[f, r, 1], k, want[f] == WANT_TEXT)
             if not ok:
-                status[r], detail[r], bad_field[r] = MALFORMED, spans[r, f, 0] - s, f
+                status[r], detail[r], bad_field[r] = MALFORMED, spans[f, r, 0] - s, f
                 break
-            counts[r, f], sizes[r, f] = c, size
+            counts[f, r], sizes[f, r] = c, size
             if not _accepts(want[f], k):
                 status[r], detail[r], bad_field[r] = WRONG_KIND, k, f
                 break
@@ -455,8 +486,9 @@ def fill_text(
             wire = tag & 7
             if tag >> 3 == 1 and k == BYTES and wire == 2:
                 s, e = _span(buf, pos, hi)
-                data[d : d + e - s] = buf[s:e]
-                d += e - s
+                for i in range(s, e):  # short values: a loop beats a slice copy
+                    data[d] = buf[i]
+                    d += 1
                 j += 1
                 value_offsets[j] = d
                 pos = e

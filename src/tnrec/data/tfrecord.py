@@ -320,6 +320,7 @@ class _Decoder:
         self.names = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
         self.name_offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=self.name_offsets[1:])
+        self.slots = tfx.name_slots(encoded)
         self.want = np.array([_WANT[w] for w in wants], dtype=np.int8)
 
     def decode(
@@ -333,7 +334,14 @@ class _Decoder:
         """
         starts, lengths = framed.starts[picked], framed.lengths[picked]
         status, bad_field, detail, kind, spans, counts, sizes = tfx.index_records(
-            framed.buf, starts, lengths, self.names, self.name_offsets, self.want, tff.CRC_TABLES
+            framed.buf,
+            starts,
+            lengths,
+            self.names,
+            self.name_offsets,
+            self.slots,
+            self.want,
+            tff.CRC_TABLES,
         )
         ok = status == tfx.OK
         rows = np.flatnonzero(ok).astype(np.int64)  # [G] into picked
@@ -373,16 +381,15 @@ class _Decoder:
         sizes: npt.NDArray[np.int64],
         rows: npt.NDArray[np.int64],
     ) -> pa.Array:
-        """Build field ``f`` of records ``rows`` as an Arrow array."""
-        k, sp = np.ascontiguousarray(kind[:, f]), np.ascontiguousarray(spans[:, f])
-        n = counts[rows, f]  # [G]
+        """Build field ``f`` of records ``rows`` as an Arrow array (arrays field-major)."""
+        k, sp, c = kind[f], spans[f], counts[f]  # [R], [R, 2], [R]: contiguous rows
+        n = c[rows]  # [G]
         offsets = np.zeros(rows.size + 1, dtype=np.int64)  # [G+1]
         np.cumsum(n, out=offsets[1:])
         want = int(self.want[f])
         if want == tfx.WANT_NUMBER:
             ints = np.zeros(rows.size, dtype=np.int64)
             bits = np.zeros(rows.size, dtype=np.uint32)
-            c = np.ascontiguousarray(counts[:, f])
             tfx.fill_numbers(buf, k, sp, c, rows, ints, bits)
             is_float = k[rows] == tfx.FLOAT
             x = np.where(
@@ -393,7 +400,7 @@ class _Decoder:
             values = np.zeros(int(offsets[-1]), dtype=np.int64)  # [N]
             tfx.fill_ints(buf, k, sp, rows, offsets, values)
             return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
-        data = np.zeros(int(sizes[rows, f].sum()), dtype=np.uint8)
+        data = np.zeros(int(sizes[f][rows].sum()), dtype=np.uint8)
         ends = np.zeros(int(offsets[-1]) + 1, dtype=np.int64)  # [N+1]
         tfx.fill_text(buf, k, sp, rows, ends, data, tfx.INT64_MIN_TEXT)
         text = pa.LargeBinaryArray.from_buffers(

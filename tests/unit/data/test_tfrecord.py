@@ -406,3 +406,20 @@ def test_compression_must_be_known(tmp_path: Path):
         r"Received: compression='BZ2'.",
     ):
         td.read_tfrecord(path, HAND_COLUMNS, compression="BZ2")  # type: ignore[arg-type]
+
+
+def test_many_features_find_their_columns_among_unwanted_ones(tmp_path: Path):
+    # 200 wanted names in a 512-slot table (collisions probe on), 300 unwanted ones around them
+    wanted = [f"f{i}" for i in range(200)]
+    records = []
+    for r in range(3):
+        feats = {f"g{i}": ("float", [-1.0]) for i in range(300)}
+        feats.update({name: ("int64", [r * 1000 + i]) for i, name in enumerate(wanted)})
+        feats["label"] = ("int64", [r])
+        records.append(encode_example(dict(sorted(feats.items()))))
+    path = write_records(tmp_path / "w.tfrecord", records)
+    cols = [fc.numeric_column(name, 0.0) for name in wanted]
+    (b,) = list(td.read_tfrecord(path, cols))
+    want = np.array([[r * 1000 + i for i in range(200)] for r in range(3)], dtype=np.float32)
+    np.testing.assert_array_equal(b.dense, want)
+    assert b.label().tolist() == [0.0, 1.0, 2.0]
