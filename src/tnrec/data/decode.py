@@ -15,7 +15,10 @@ what the conversions flag:
   stays missing;
 * an integer outside int64 sits in a ``dtype="int"`` column (a Parquet uint64
   value >= 2**63, like the text ``9223372036854775808``). Unsigned 64-bit ids
-  hash as their decimal text with ``dtype="str"``.
+  hash as their decimal text with ``dtype="str"``, or are keys as they are
+  with ``dtype="sign"``;
+* a ``dtype="sign"`` column holds a float, text that is not a decimal integer,
+  or an integer outside ``[-2**63, 2**64)``.
 
 Integers read by a numeric column become the nearest float64 (pyarrow's safe
 cast refuses integers beyond 2**53).
@@ -163,6 +166,12 @@ def _describe(arr: pa.Array, row: int, name: str, what: str) -> str:
         raw = "?"
     return f'column "{name}": value {snippet(raw)} is not {what}'
 
+
+_EXPECTED = {
+    "int": "a valid int value",
+    "str": "a valid str value",
+    "sign": "a 64-bit sign (an integer in [-2**63, 2**64) or its decimal text, not a float)",
+}
 
 # Text that pyarrow reads as NaN: "nan", "NaN", "-nan", "+NAN", "nan(123)".
 _NAN_TEXT = r"^[+-]?[nN][aA][nN](\([^)]*\))?$"
@@ -321,7 +330,7 @@ def _decode_sparse(
             bags = categorical_bags(col, given, value_sep=value_sep, where=where)
         except pa.ArrowException as e:
             raise _column_error(where, col.key, e) from e
-        kind = "a number" if isinstance(col, BucketizedColumn) else f"a valid {col.dtype} value"
+        kind = "a number" if isinstance(col, BucketizedColumn) else _EXPECTED[col.dtype]
         bad.note(bags.bad, arr, col.key, kind)
         missing[col.key] = bags.missing
         sparse[col.key] = Jagged(bags.keys, bags.offsets)

@@ -15,6 +15,7 @@ must never change for a given name, since saved tables are indexed by it::
 
     dtype="int": key = mix64(mix64(uint64(value)) ^ h_col)
     dtype="str": key = mix64(fnv1a64(utf8(value)) ^ h_col)
+    dtype="sign": key = the value's 64 bits (a feature sign, not hashed)
 
 Keys are the uint64 results reinterpreted as int64. ``mix64`` is the table
 layer's mixer (``tnrec.table.mix64``, the one routing keys to buckets).
@@ -65,11 +66,13 @@ def bags_int(
     present: npt.NDArray[np.bool_],
     col_hash: np.uint64,
     max_length: int,
+    raw: bool = False,
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
     """Hash int values grouped in rows; keep the last ``max_length`` (<=0: all).
 
     ``row_offsets[B+1]`` delimit each row's values; ``present[M]`` is False for a
-    missing value (it contributes no key). Returns ``keys[N]`` and ``offsets[B+1]``.
+    missing value (it contributes no key). With ``raw`` the values are signs and
+    are the keys as they are. Returns ``keys[N]`` and ``offsets[B+1]``.
     """
     n_rows = row_offsets.shape[0] - 1
     offsets = np.zeros(n_rows + 1, dtype=np.int64)
@@ -88,7 +91,7 @@ def bags_int(
         j = row_offsets[r + 1] - 1
         while pos >= offsets[r]:
             if present[j]:
-                keys[pos] = _mix64(_mix64(values[j]) ^ col_hash)
+                keys[pos] = values[j] if raw else _mix64(_mix64(values[j]) ^ col_hash)
                 pos -= 1
             j -= 1
     return keys, offsets
@@ -136,13 +139,15 @@ def parse_int_strings(
     str_offsets: npt.NDArray[np.int64],
     data: npt.NDArray[np.uint8],
     valid: npt.NDArray[np.bool_],
+    sign: bool = False,
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Parse decimal integers written as text: ``-12``, ``+7``, ``123``, ``123.0``.
 
     The canonical int of ``"123.000"`` is 123; any other fraction, a sign alone,
-    spaces, exponents or a value outside int64 is unparsable. Null or empty
-    text is missing. Returns ``values[M]`` (int64 bits as uint64),
-    ``present[M]`` and ``bad[M]``.
+    spaces, exponents or a value outside int64 is unparsable. With ``sign``
+    (64-bit feature signs) the range is ``[-2**63, 2**64)`` and no fraction is
+    accepted, not even ``.0``. Null or empty text is missing. Returns
+    ``values[M]`` (the 64 bits as uint64), ``present[M]`` and ``bad[M]``.
     """
     m = str_offsets.shape[0] - 1
     values = np.zeros(m, dtype=np.uint64)
@@ -169,7 +174,7 @@ def parse_int_strings(
             acc = acc * np.uint64(10) + d
             digits += 1
             i += 1
-        if ok and i < stop and data[i] == 46:  # '.', then zeros only
+        if ok and not sign and i < stop and data[i] == 46:  # '.', then zeros only
             i += 1
             while i < stop and data[i] == 48:
                 i += 1
@@ -177,7 +182,7 @@ def parse_int_strings(
             bad[j] = True
             continue
         limit = _INT64_MAX + np.uint64(1) if neg else _INT64_MAX
-        if acc > limit:
+        if acc > limit and not (sign and not neg):
             bad[j] = True
             continue
         values[j] = (np.uint64(0) - acc) if neg else acc

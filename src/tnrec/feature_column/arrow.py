@@ -6,6 +6,8 @@ these two functions, so a value hashes the same whatever input it came from:
 * :func:`categorical_bags`: one Arrow column → a jagged bag of keys per row.
   Accepts int, float (integral values only), bool, string, binary,
   dictionary and list columns; text is parsed to the declared ``dtype``.
+  A ``dtype="sign"`` column takes integers (int64 or uint64) or their decimal
+  text and gives their 64 bits as keys, unhashed.
 * :func:`numeric_values`: one Arrow column → float64 per row, missing filled
   with the column default, transforms applied.
 
@@ -135,6 +137,33 @@ def _int_values(
     )
 
 
+def _sign_values(
+    values: pa.Array, name: str, where: str
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_], npt.NDArray[np.bool_] | None]:
+    """The 64 bits of each sign (int64 as it is, uint64 reinterpreted), present and bad masks.
+
+    A float is bad: a sign above 2**53 does not survive one, so a float column
+    is read as no sign at all rather than as a rounded one.
+    """
+    t = values.type
+    if pa.types.is_integer(t):
+        signed = pa.types.is_signed_integer(t)
+        ints = pc.cast(values, pa.int64() if signed else pa.uint64())  # widening, exact
+        present = _valid(ints)
+        vals = ints.fill_null(0).to_numpy(zero_copy_only=False)
+        return vals.view(np.uint64), present, None
+    if pa.types.is_floating(t):
+        bad = _valid(values)
+        return np.zeros(len(values), np.uint64), np.zeros(len(values), np.bool_), bad
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        offsets, data, valid = _string_buffers(values)
+        return _hash.parse_int_strings(offsets, data, valid, True)
+    raise DataError(
+        f'{where}column "{name}" is declared dtype="sign" but its data has type {t}; '
+        "expected int64 or uint64 integers, or their decimal text."
+    )
+
+
 def categorical_bags(
     column: CategoricalColumn,
     array: pa.Array | pa.ChunkedArray,
@@ -190,9 +219,11 @@ def categorical_bags(
     else:
         if pa.types.is_null(values.type):
             values = values.cast(pa.int64())
-        vals, present, bad_values = _int_values(values, column.key, where)
+        sign = column.dtype == "sign"
+        read = _sign_values if sign else _int_values
+        vals, present, bad_values = read(values, column.key, where)
         keys_u, out_offsets = _hash.bags_int(
-            row_offsets, vals, present, col_hash, column.max_length
+            row_offsets, vals, present, col_hash, column.max_length, sign
         )
     bad = None
     if bad_values is not None and bad_values.any():

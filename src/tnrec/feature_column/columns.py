@@ -2,7 +2,8 @@
 
 Columns are frozen dataclasses built through the functions below, which
 validate their arguments. They carry no state and no vocabulary: a categorical
-value is hashed to a 64-bit key (see :mod:`tnrec.feature_column._hash`).
+value is hashed to a 64-bit key (see :mod:`tnrec.feature_column._hash`), or,
+for ``dtype="sign"``, is a 64-bit key already.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import numpy.typing as npt
 
 from tnrec.errors import SpecError
 
-DTYPES = ("int", "str")
+DTYPES = ("int", "str", "sign")
+Dtype = Literal["int", "str", "sign"]
 COMBINERS = ("sum", "mean", "sqrtn")
 
 
@@ -27,7 +29,7 @@ def _check_key(kind: str, key: object) -> str:
     return key
 
 
-def _check_dtype(key: str, dtype: object) -> Literal["int", "str"]:
+def _check_dtype(key: str, dtype: object) -> Dtype:
     if dtype not in DTYPES:
         raise SpecError(
             f'Column "{key}": `dtype` must be one of {DTYPES}. Received: dtype={dtype!r}.'
@@ -68,6 +70,9 @@ def _check_finite(where: str, name: str, value: object) -> float:
 class CategoryColumn:
     """A sparse feature: one or many values per row, each hashed to a key.
 
+    With ``dtype="sign"`` the values are 64-bit feature signs used as keys
+    unhashed (see :func:`category_column`).
+
     Example:
         >>> user = category_column("user_id", dtype="int")
         >>> user.identity
@@ -75,7 +80,7 @@ class CategoryColumn:
     """
 
     key: str
-    dtype: Literal["int", "str"] = "int"
+    dtype: Dtype = "int"
     embedding_share: str | None = None
 
     @property
@@ -98,7 +103,7 @@ class SequenceCategoryColumn:
     """
 
     key: str
-    dtype: Literal["int", "str"]
+    dtype: Dtype
     max_length: int
     embedding_share: str | None = None
 
@@ -279,7 +284,7 @@ Column = (
 
 
 def category_column(
-    key: str, *, dtype: Literal["int", "str"] = "int", embedding_share: str | None = None
+    key: str, *, dtype: Dtype = "int", embedding_share: str | None = None
 ) -> CategoryColumn:
     """Declare a sparse feature with no vocabulary and no bucket count.
 
@@ -287,9 +292,18 @@ def category_column(
         key: the field name in the input.
         dtype: canonical form every reader converts a value to before hashing:
             ``"int"`` (int64; text ``"123"`` and ``"123.0"`` are 123) or ``"str"``
-            (UTF-8 bytes; null and empty strings are missing).
+            (UTF-8 bytes; null and empty strings are missing), or ``"sign"``:
+            the values already are 64-bit feature signs (TensorNet's, or any
+            system's) and the key is the sign's 64 bits, unhashed: int64 as it
+            is, uint64 (including values >= 2**63) reinterpreted as the same
+            bits, text a decimal int64 or uint64 (no fraction, no exponent).
+            Floats are refused (a sign above 2**53 does not survive one). The
+            column's name is not part of a sign's key, so two sign columns
+            holding the same sign share one row of a table they share, as in
+            TensorNet; put the slot into the sign when they must not.
         embedding_share: group name; columns of one group hash equal values to
-            equal keys (the group name replaces the key in the hash).
+            equal keys (the group name replaces the key in the hash). For
+            ``dtype="sign"`` it changes no key.
 
     Returns:
         The column spec.
@@ -303,7 +317,7 @@ def category_column(
 
 def sequence_category_column(
     key: str,
-    dtype: Literal["int", "str"] = "int",
+    dtype: Dtype = "int",
     max_length: int = 50,
     *,
     embedding_share: str | None = None,
@@ -315,7 +329,7 @@ def sequence_category_column(
 
     Args:
         key: the field name in the input.
-        dtype: ``"int"`` or ``"str"``, as in :func:`category_column`.
+        dtype: ``"int"``, ``"str"`` or ``"sign"``, as in :func:`category_column`.
         max_length: most values kept per row.
         embedding_share: as in :func:`category_column`.
 

@@ -16,6 +16,12 @@ as training did. Layout (format version 1)::
        {"type": "embedding", "dimension": 8, "combiner": "sum",
         "categorical": {"type": "category", ...}}]}
 
+Format version 2 is version 1 plus ``"dtype": "sign"`` (values that are
+64-bit keys already, never hashed). :func:`to_spec` writes version 2 exactly
+when some column has that dtype, so a spec without one stays a version-1
+document, and a reader that knows only version 1 refuses a sign column by its
+version instead of hashing its values as ints. This reader reads both.
+
 A reader refuses any other ``format``, ``format_version`` or ``hash``. Specs
 written before the key was spelled ``format_version`` (``"version": 1``) read
 the same; :func:`canonical_spec` gives either spelling one form to compare.
@@ -48,6 +54,8 @@ from tnrec.feature_column.columns import (
 
 SPEC_FORMAT = "tnrec.feature_spec"
 SPEC_VERSION = 1
+SIGN_SPEC_VERSION = 2  # the version of a spec with a dtype="sign" column
+_READS = (SPEC_VERSION, SIGN_SPEC_VERSION)
 
 
 def _transforms_to_json(transforms: Sequence[Log1p | Standardize]) -> list[dict[str, Any]]:
@@ -121,9 +129,10 @@ def to_spec(columns: Sequence[Column]) -> dict[str, Any]:
             raise SpecError(f'to_spec: two columns have the key "{col.key}"; keys must be unique.')
         seen.add(col.key)
         out.append(doc)
+    signs = any(getattr(getattr(c, "categorical", c), "dtype", None) == "sign" for c in columns)
     return {
         "format": SPEC_FORMAT,
-        "format_version": SPEC_VERSION,
+        "format_version": SIGN_SPEC_VERSION if signs else SPEC_VERSION,
         "hash": HASH_NAME,
         "columns": out,
     }
@@ -217,10 +226,10 @@ def from_spec(spec: Mapping[str, Any] | str) -> list[Column]:
         got = spec.get("format") if isinstance(spec, Mapping) else type(spec).__name__
         raise SpecError(f"feature spec: `format` must be {SPEC_FORMAT!r}. Received: {got!r}.")
     doc: Mapping[str, Any] = canonical_spec(spec)
-    if doc.get("format_version") != SPEC_VERSION:
+    if doc.get("format_version") not in _READS:
         raise SpecError(
             f"feature spec: unsupported `format_version` {doc.get('format_version')!r}; "
-            f"this tnrec reads format version {SPEC_VERSION}."
+            f"this tnrec reads format versions {_READS[0]} and {_READS[1]}."
         )
     if doc.get("hash") != HASH_NAME:
         raise SpecError(

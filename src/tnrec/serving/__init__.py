@@ -48,7 +48,7 @@ from tnrec.serving.plans import (
     _TablePlan,
     _virtual_ids,
 )
-from tnrec.serving.values import _as_list, _first_bad, _row_error, _value_error
+from tnrec.serving.values import _as_list, _first_bad, _row_error, _value_error, sign_bits
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
@@ -240,8 +240,22 @@ class Predictor:
             try:
                 arrays[k] = pa.array(values, from_pandas=type(values).__name__ == "Series")
             except Exception as e:  # pyarrow raises Arrow*, Type-, Overflow-, ValueError
-                raise _value_error(self._by_key[k], _as_list(values), e) from None
+                arrays[k] = self._sign_array(k, values, e)
         return pa.table(arrays)
+
+    def _sign_array(self, k: str, values: Any, e: Exception) -> pa.Array:
+        """A sign column's ints as uint64 bits (negative and >= 2**63 ones may mix);
+        otherwise, or when that fails too, the error naming the row of the bad value."""
+        col = self._by_key[k]
+        if getattr(col, "dtype", None) == "sign" and _first_bad(col, _as_list(values)) is None:
+            # checked first: pyarrow casts a float to uint64 by truncating it
+            bits = sign_bits(_as_list(values))
+            for kind in (pa.uint64(), pa.list_(pa.uint64())):
+                try:
+                    return pa.array(bits, kind)
+                except Exception:  # not of this shape, or a bad value: named below
+                    pass
+        raise _value_error(col, _as_list(values), e) from None
 
     def _batch(self, rows: Any) -> Any:
         """Hash ``rows`` into a batch with the readers' code; name the row of a bad value."""
@@ -390,7 +404,8 @@ class Predictor:
         Raises:
             DataError: a row is not a dict, a feature column is missing, or a
                 value cannot be read (a dict, a list where a number is expected,
-                text that is not a number, an int outside int64, a number that
+                text that is not a number, an int outside int64 (outside
+                [-2**63, 2**64) and any float in a sign column), a number that
                 is not finite in float32 after the column's transforms); the
                 message names the row, the column and what was expected.
             CheckpointError: the dense graph fails on the inputs the manifest

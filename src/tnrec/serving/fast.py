@@ -55,8 +55,8 @@ class _FastPlan:
 def _fast_plan(sparse: Sequence[Any], dense: Sequence[NumericColumn]) -> _FastPlan | None:
     """The fast path's plan, or None if a column is of a kind it does not read."""
     cats = [c for c in sparse if type(c) is CategoryColumn]
-    if len(cats) != len(sparse):
-        return None  # sequences and bucketized columns go the general way
+    if len(cats) != len(sparse) or any(c.dtype == "sign" for c in cats):
+        return None  # sequences, bucketized and sign columns go the general way
 
     def of(dtype: str) -> tuple[tuple[str, ...], npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         at = [s for s, c in enumerate(cats) if c.dtype == dtype]

@@ -27,12 +27,32 @@ def _as_list(values: Any) -> list[Any]:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
+_SIGN = (-(2**63), 2**64)
+_SIGN_EXPECTED = "a 64-bit sign: an int in [-2**63, 2**64) (or its text), a list of them, or None"
+
+
 def _expected(col: Column) -> str:
     if isinstance(col, (NumericColumn, BucketizedColumn)):
         return "a number (int or float), numeric text, or None"
     if getattr(col, "dtype", None) == "str":
         return "a str (or an int), a list of them, or None"
+    if getattr(col, "dtype", None) == "sign":
+        return _SIGN_EXPECTED
     return "an int (or its text), a list of them, or None"
+
+
+def sign_bits(values: list[Any]) -> list[Any]:
+    """Python ints of a sign column as uint64 values (negative ones plus 2**64), so one
+    column may hold both halves of the 64-bit range; anything else as it is."""
+
+    def bits(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return [bits(x) for x in v]
+        if isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)):
+            return int(v) % 2**64 if _SIGN[0] <= int(v) < _SIGN[1] else v
+        return v
+
+    return [bits(v) for v in values]
 
 
 def _kind(v: Any) -> str | None:
@@ -54,6 +74,9 @@ def _problem(v: Any, scalar: bool, expected: str) -> str | None:
     kind = _kind(v)
     if kind == "other":
         return expected
+    if expected == _SIGN_EXPECTED and kind == "number":
+        ok = isinstance(v, numbers.Integral) and _SIGN[0] <= int(v) < _SIGN[1]
+        return None if ok else expected
     if isinstance(v, numbers.Integral) and kind == "number":
         ok = _INT64[0] <= int(v) < _INT64[1]
         return None if ok else "an int in the int64 range [-2**63, 2**63) or a float"

@@ -356,8 +356,8 @@ def test_spec_round_trip_is_exact():
     ("change", "match"),
     [
         pytest.param(
-            {"format_version": 2},
-            r"unsupported `format_version` 2; this tnrec reads format version 1",
+            {"format_version": 3},
+            r"unsupported `format_version` 3; this tnrec reads format versions 1 and 2",
             id="version",
         ),
         pytest.param(
