@@ -204,15 +204,15 @@ def frame_records(path: str, compression: str | None, block_bytes: int) -> Itera
             record (naming the file and the byte offset).
     """
     where = "uncompressed byte" if compression else "byte"
-    carry = np.zeros(0, dtype=np.uint8)
-    offset, index = 0, 0  # stream offset of carry[0], file index of its first record
-    need = 0
+    pending: list[npt.NDArray[np.uint8]] = []  # bytes not yet framed, from stream `offset`
+    have, need = 0, 0  # their size; the size the next record needs
+    offset, index = 0, 0  # stream offset of pending's first byte, file index of its record
     for raw in byte_blocks(path, compression, max(block_bytes, 1)):
-        block = np.frombuffer(raw, dtype=np.uint8)
-        buf = np.concatenate([carry, block])  # writable: one compiled kernel for all
-        if buf.size < need:
-            carry = buf
+        pending.append(np.frombuffer(raw, dtype=np.uint8))
+        have += len(raw)
+        if have < need:  # a long record: gather its blocks, join them once
             continue
+        buf = np.concatenate(pending)  # writable: one compiled kernel for all
         cap = buf.size // 16 + 1
         starts = np.empty(cap, dtype=np.int64)
         lengths = np.empty(cap, dtype=np.int64)
@@ -221,9 +221,10 @@ def frame_records(path: str, compression: str | None, block_bytes: int) -> Itera
             raise DataError(_bad_length(path, buf, used, offset + used, index + count, where))
         if count:
             yield _Framed(buf, starts[:count], lengths[:count], index, offset)
-        carry = buf[used:].copy() if used < buf.size else np.zeros(0, dtype=np.uint8)
+        pending, have = ([buf[used:]], buf.size - used) if used < buf.size else ([], 0)
         offset += used
         index += count
+    carry = np.concatenate(pending) if pending else np.zeros(0, dtype=np.uint8)
     if carry.size:
         if carry.size >= 12:  # the length is readable
             count, used, status, need = tff.frame(
