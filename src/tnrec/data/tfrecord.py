@@ -19,7 +19,9 @@ is a resumable coordinate as for the other formats. The data is a
   from Parquet);
 * a ``dtype="str"`` column takes a ``bytes_list`` (the bytes hash as they are)
   or an ``int64_list`` (hashed as decimal text, like a Parquet int column);
-* every other categorical column takes an ``int64_list``.
+* every other categorical column takes an ``int64_list``; for
+  ``dtype="sign"`` its 64 bits are the key, so a uint64 sign that
+  TensorFlow stored as a negative int64 is the same key as from Parquet.
 
 Each value of a list is one key, so a list serves multi-hot and sequence
 columns. A feature absent from a record, a ``Feature`` with no list, or an

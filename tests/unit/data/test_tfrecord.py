@@ -423,3 +423,19 @@ def test_many_features_find_their_columns_among_unwanted_ones(tmp_path: Path):
     want = np.array([[r * 1000 + i for i in range(200)] for r in range(3)], dtype=np.float32)
     np.testing.assert_array_equal(b.dense, want)
     assert b.label().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_sign_columns_take_int64_lists_as_the_same_64_bits_as_parquet_uint64(tmp_path: Path):
+    signs = [[2**64 - 1, 5], [2**63], [], [12345678901234567890, 0]]  # uint64 signs
+    as_int64 = [[v - 2**64 if v >= 2**63 else v for v in row] for row in signs]  # TF's int64
+    records = [encode_example({"s": ("int64", row), "label": ("int64", [1])}) for row in as_int64]
+    path = write_records(tmp_path / "s.tfrecord", records)
+    pq.write_table(
+        pa.table({"s": pa.array(signs, pa.list_(pa.uint64())), "label": [1, 1, 1, 1]}),
+        tmp_path / "s.parquet",
+    )
+    cols = [fc.sequence_category_column("s", "sign")]
+    a = read_all(td.read_tfrecord(path, cols))
+    b = read_all(td.read_parquet(tmp_path / "s.parquet", cols))
+    assert_same_batches(a, b)
+    assert a.keys("s").tolist() == [v for row in as_int64 for v in row]  # the signs, unhashed
