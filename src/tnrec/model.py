@@ -17,7 +17,7 @@ from tnrec.data import Batch
 from tnrec.distribute import current_strategy
 from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.layers import EmbeddingFeatures
-from tnrec.layers.embedding import BagLayout, bag_layout
+from tnrec.layers.embedding import BagLayout, bag_layout, cvm_inputs
 from tnrec.losses import (
     LOSSES,
     SINGLE,
@@ -46,6 +46,7 @@ class TemporaryMatrix:
     inverse: npt.NDArray[np.int64]  # [N] virtual id of every occurrence
     rows: npt.NDArray[np.int64]  # [N] batch row of every occurrence
     E: torch.Tensor  # [U, D] the temporary matrix
+    trained: npt.NDArray[np.bool_] | None = None  # [N] occurrences of trainable layers (None: all)
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -100,6 +101,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self._layers: list[EmbeddingFeatures] = []
         self._step: dict[str, TemporaryMatrix] | None = None
         self._batch: Batch | None = None
+        self._missing_grads: npt.NDArray[np.float64] | None = None  # train_step's, for push
         self._heads: list[Head] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self.default_dense_optimizer: SparseOptimizer | torch.optim.Optimizer | None = None
@@ -162,6 +164,7 @@ class Model(TrainingLoops, torch.nn.Module):
                     "seed",
                     "policy",
                     "admission",
+                    "cvm",
                 ):
                     if getattr(other, attr) != getattr(first, attr):
                         raise ArgumentError(
@@ -319,19 +322,29 @@ class Model(TrainingLoops, torch.nn.Module):
             uniq, inverse, occ_rows = dedup[sig]
             keys_by_table[table] = uniq
             parts_by_table[table] = (inverse, occ_rows, lays)
-        pulled = ps.pull(keys_by_table, create)
+        stats = [t for t, layers in self._table_layers.items() if layers[0].cvm]
+        pulled = ps.pull(keys_by_table, create, stats) if stats else ps.pull(keys_by_table, create)
         step = {}
         for table, layers in self._table_layers.items():
             inverse, occ_rows, lays = parts_by_table[table]
-            E = torch.from_numpy(pulled[table])  # [U, D]
-            if create:
+            rows, cvm = pulled[table], None
+            if layers[0].cvm:  # [U, D + 2]: the rows, then the owners' show and click
+                D = rows.shape[1] - 2
+                cvm = torch.from_numpy(cvm_inputs(rows[:, D], rows[:, D + 1]))  # [U, 2]
+                rows = np.ascontiguousarray(rows[:, :D])
+            E = torch.from_numpy(rows)  # [U, D]
+            trainable = [layer.trainable for layer in layers]
+            if create and any(trainable):
                 E.requires_grad_(True)
+            trained = None
+            if not all(trainable):  # occurrences the push counts: the trainable layers'
+                trained = np.repeat(trainable, [lay.keys.shape[0] for lay in lays])  # [N]
             at = 0
             for layer, lay in zip(layers, lays, strict=True):
                 n = lay.keys.shape[0]
-                layer.prepare(batch, E, inverse[at : at + n], lay)
+                layer.prepare(batch, E, inverse[at : at + n], lay, cvm)
                 at += n
-            step[table] = TemporaryMatrix(keys_by_table[table], inverse, occ_rows, E)
+            step[table] = TemporaryMatrix(keys_by_table[table], inverse, occ_rows, E, trained)
         self._step = step
         self._batch = batch
         return step
@@ -343,6 +356,15 @@ class Model(TrainingLoops, torch.nn.Module):
         click = the same weighted by the click label (:attr:`click_label`, by
         default the first head's label).
 
+        Only trainable layers' keys are pushed: a table whose layers are all
+        ``trainable=False``, or whose temporary matrix got no gradient on any
+        worker (its outputs detached), is not pushed, and a key only frozen
+        layers used, or only workers without a gradient pulled, is left as it
+        is. A key in the batch whose gradient is zero is still pushed: that is
+        an update (AdaGrad and SGD leave the weights, Adam's moments decay and
+        its weights move, FTRL's ``z`` and ``n`` stay and its weights are
+        recomputed from them; show, click, unseen days and the marker change).
+
         Raises:
             ArgumentError: no step was pulled in training mode.
         """
@@ -351,8 +373,11 @@ class Model(TrainingLoops, torch.nn.Module):
             raise ArgumentError("Model.push: call model.pull(batch) in training mode first.")
         label = self._click_label_values(batch)  # [B]
         w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
-        keys, grads, shows, clicks = {}, {}, {}, {}
-        for table, ts in step.items():
+        keys, grads, shows, clicks, active = {}, {}, {}, {}, {}
+        without = self._workers_without_grad(step)
+        for t, (table, ts) in enumerate(step.items()):
+            if not ts.E.requires_grad or without[t] == self.ps.world_size:
+                continue
             U = ts.keys.shape[0]
             g = ts.E.grad
             grads[table] = (
@@ -360,16 +385,38 @@ class Model(TrainingLoops, torch.nn.Module):
                 if g is not None
                 else np.zeros((U, ts.E.shape[1]), np.float32)
             )
-            shows[table], clicks[table] = show_click(ts.inverse, ts.rows, w, label, U)  # [U], [U]
+            inverse, rows = ts.inverse, ts.rows
+            if ts.trained is not None:
+                inverse, rows = inverse[ts.trained], rows[ts.trained]
+            shows[table], clicks[table] = show_click(inverse, rows, w, label, U)  # [U], [U]
             keys[table] = ts.keys
-        self.ps.push(keys, grads, shows, clicks)
+            if ts.trained is not None or without[t]:
+                on = np.zeros(U, np.bool_)
+                if g is not None:
+                    on[inverse] = True
+                active[table] = on
+        self.ps.push(keys, grads, shows, clicks, active)
         self._release()
+
+    def _workers_without_grad(self, step: dict[str, TemporaryMatrix]) -> npt.NDArray[np.float64]:
+        """The number of workers whose temporary matrix of each table has no gradient.
+
+        :meth:`train_step` counts them in its gradient all-reduce; a push
+        called directly counts them here (one small all-reduce).
+        """
+        counted = self._missing_grads
+        self._missing_grads = None
+        if counted is not None:
+            return counted
+        missing = [tm.E.requires_grad and tm.E.grad is None for tm in step.values()]
+        return self.ps.all_reduce_sum(np.array(missing, np.float64))
 
     def _release(self) -> None:
         for layers in self._table_layers.values():
             for layer in layers:
                 layer.release()
         self._step = None
+        self._missing_grads = None
         self._batch = None
 
     def _click_label_values(self, batch: Batch) -> npt.NDArray[np.float64]:
@@ -611,7 +658,11 @@ class Model(TrainingLoops, torch.nn.Module):
             ],
             np.float64,
         )
-        flags = self.ps.all_reduce_grads(params, bad)
+        missing = [tm.E.requires_grad and tm.E.grad is None for tm in step.values()]
+        flags = self.ps.all_reduce_grads(
+            params, np.concatenate([bad, np.array(missing, np.float64)])
+        )
+        flags, self._missing_grads = flags[: bad.shape[0]], flags[bad.shape[0] :]
         dense = [
             n
             for n, p in self.named_parameters()

@@ -25,9 +25,20 @@ if TYPE_CHECKING:
 
 
 def layer_inputs(model: Model) -> list[dict[str, Any]]:
-    """Describe the pooled inputs of ``forward_dense``, in the graph's argument order."""
+    """Describe the pooled inputs of ``forward_dense``, in the graph's argument order.
+
+    Raises:
+        ArgumentError: a layer has ``cvm=True``: the export's dictionaries hold
+            weights only, not the show/click inputs such a layer reads.
+    """
     out = []
     for layer in model.embedding_layers():
+        if getattr(layer, "cvm", False):
+            raise ArgumentError(
+                f'export: layer "{layer.name}" has cvm=True; the export\'s dictionaries hold '
+                "weights only, not the show/click inputs it reads. Predict with "
+                "Model.predict, or export a model without cvm layers."
+            )
         for col in layer.columns:
             seq = isinstance(col.categorical, SequenceCategoryColumn)
             out.append(

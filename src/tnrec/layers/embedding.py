@@ -31,6 +31,35 @@ class LayerStep:
     batch_size: int
 
 
+def cvm_inputs(
+    show: npt.NDArray[np.float32], click: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """Return the two CVM inputs of each key: ``[show, log(click + 1) - log(show + 1)]``.
+
+    Computed in float64 and rounded to float32, so training and serving give the
+    same bits for the same statistics. A key without statistics (new, unknown)
+    has ``show = click = 0`` and so ``[0, 0]``.
+
+    Args:
+        show: ``float32[U]``, the keys' decayed shows.
+        click: ``float32[U]``, the keys' decayed clicks.
+
+    Returns:
+        ``float32[U, 2]``.
+
+    Example:
+        >>> cvm_inputs(np.float32([0, 3]), np.float32([0, 1]))  # log(2) - log(4) = -log(2)
+        array([[ 0.       ,  0.       ],
+               [ 3.       , -0.6931472]], dtype=float32)
+    """
+    s = np.asarray(show, np.float64)
+    c = np.asarray(click, np.float64)
+    out = np.empty((s.shape[0], 2), np.float32)  # [U, 2]
+    out[:, 0] = s
+    out[:, 1] = np.log1p(c) - np.log1p(s)
+    return out
+
+
 @dataclass
 class BagLayout:
     """Columns of a batch as one run of ``C * B`` bags, column after column.
@@ -94,6 +123,36 @@ class EmbeddingFeatures(torch.nn.Module):
     ``([B, T, D], lengths[B])`` for a sequence column (``T`` its
     ``max_length``, padded with zeros, the most recent ``T`` keys kept).
 
+    With ``cvm=True`` (TensorNet's show/click features) every key's row is
+    read as ``D + 2`` values: its embedding, then its table's decayed ``show``
+    and ``log(click + 1) - log(show + 1)`` (:func:`cvm_inputs`), pooled
+    together with the column's combiner, so a pooled column gives ``[B, D + 2]``
+    and ``output="concat"`` gives ``[B, C * (D + 2)]``::
+
+        row of key k      [ e_k[0] ... e_k[D-1] | show_k        | log(click_k+1) - log(show_k+1) ]
+        column c, row b   [ pool over the bag's keys of the row above, combiner of column c    ]
+        concat, row b     [ column 0 (D + 2)    | column 1 (D + 2) | ...                          ]
+
+    The two values carry no gradient. They are the statistics the key's owner
+    holds when the batch is pulled, before the batch's own push: a key seen for
+    the first time reads ``[0, 0]`` (as in TensorNet, whose pull creates the row
+    with zero counts and whose push comes after the forward pass); in ``W``
+    workers the owner's values, so ``W`` workers read what one worker reads.
+    Unknown keys at evaluation read ``[0, 0]`` after their zero embedding. CVM
+    works with every sparse optimizer (TensorNet's only with AdaGrad), since
+    every tnrec table counts show and click. Layers sharing a table must agree
+    on ``cvm``; sequence columns cannot carry it.
+
+    With ``trainable=False`` the layer reads its table without changing it
+    (TensorNet's frozen sequence embeddings): no gradient reaches the table
+    through this layer, its keys add no show or click, and a key used only by
+    frozen layers in a step is not pushed at all, so no optimizer rule runs on
+    it (Adam's moments, FTRL's accumulators and the unseen-days counter stay as
+    they were). Training pulls still create rows for unseen keys, as every
+    training pull does, so training, evaluation and serving read the same
+    initial vector for such a key. A trainable layer sharing the table updates
+    it through its own keys only.
+
     Args:
         columns: embedding columns, all of the same ``dimension``.
         sparse_optimizer: the table's optimizer config (``tn.optimizer.AdaGrad`` ...).
@@ -109,6 +168,8 @@ class EmbeddingFeatures(torch.nn.Module):
             (``tn.table.EvictionPolicy``).
         admission: when a key gets a row (``tn.table.AdmissionPolicy``); None:
             at its first training pull.
+        cvm: append each key's show and log-CTR to its row before pooling (see above).
+        trainable: ``False`` reads the table without pushing to it (see above).
 
     Example:
         >>> import tnrec as tn
@@ -129,6 +190,8 @@ class EmbeddingFeatures(torch.nn.Module):
         seed: int = 0,
         policy: EvictionPolicy | None = None,
         admission: AdmissionPolicy | None = None,
+        cvm: bool = False,
+        trainable: bool = True,
     ) -> None:
         super().__init__()
         where = f'EmbeddingFeatures "{name}"' if name else "EmbeddingFeatures"
@@ -156,9 +219,18 @@ class EmbeddingFeatures(torch.nn.Module):
             raise ArgumentError(
                 f"{where}: `output` must be one of {OUTPUTS}. Received: {output!r}."
             )
+        for arg, value in (("cvm", cvm), ("trainable", trainable)):
+            if not isinstance(value, bool):
+                raise ArgumentError(f"{where}: `{arg}` must be a bool. Received: {arg}={value!r}.")
         self.sequence_columns = [
             c for c in cols if isinstance(c.categorical, SequenceCategoryColumn)
         ]
+        if cvm and self.sequence_columns:
+            raise ArgumentError(
+                f"{where}: cvm=True appends show/click to pooled columns only; sequence "
+                f"columns {[c.key for c in self.sequence_columns]} cannot carry it. Put them "
+                "in a layer with cvm=False."
+            )
         if output == "concat" and self.sequence_columns:
             raise ArgumentError(
                 f"{where}: output='concat' needs pooled columns only; sequence columns "
@@ -175,7 +247,14 @@ class EmbeddingFeatures(torch.nn.Module):
         self.seed = seed
         self.policy = policy
         self.admission = admission
+        self.cvm = cvm
+        self.trainable = trainable
         self._step: LayerStep | None = None
+
+    @property
+    def output_dim(self) -> int:
+        """The width of one pooled column's output: ``D``, or ``D + 2`` with ``cvm``."""
+        return self.dim + 2 if self.cvm else self.dim
 
     @property
     def table_name(self) -> str:
@@ -192,6 +271,8 @@ class EmbeddingFeatures(torch.nn.Module):
         return (
             f"name={self.name!r}, table={self.table or self.name!r}, "
             f"columns={[c.key for c in self.columns]}, dim={self.dim}, output={self.output!r}"
+            + (", cvm=True" if self.cvm else "")
+            + (", trainable=False" if not self.trainable else "")
         )
 
     def prepare(
@@ -200,6 +281,7 @@ class EmbeddingFeatures(torch.nn.Module):
         E: torch.Tensor,
         vids: npt.NDArray[np.int64],
         layout: BagLayout,
+        cvm: torch.Tensor | None = None,
     ) -> None:
         """Set up this layer's step from the virtual ids of its columns (called by the model).
 
@@ -209,7 +291,20 @@ class EmbeddingFeatures(torch.nn.Module):
             vids: the virtual ids of this layer's keys, column after column in
                 ``self.columns`` order (``sum(N_c)``).
             layout: the bags of ``self.columns`` in ``batch`` (:func:`bag_layout`).
+            cvm: ``[U, 2]`` the keys' :func:`cvm_inputs` (read when ``self.cvm``).
+
+        Raises:
+            ArgumentError: the layer has ``cvm=True`` and ``cvm`` is None.
         """
+        if self.cvm and cvm is None:
+            raise ArgumentError(
+                f'EmbeddingFeatures "{self.name}": cvm=True needs the keys\' show/click '
+                "inputs; the pull of its table returned none."
+            )
+        if not self.trainable:
+            E = E.detach()  # frozen: no gradient reaches the table through this layer
+        if self.cvm and cvm is not None:
+            E = torch.cat([E, cvm], 1)  # [U, D + 2]
         B = batch.size
         bag_offsets = layout.offsets  # [C*B + 1]
         if not self.sequence_columns:  # every column pooled: the layout is the bags
@@ -267,7 +362,7 @@ class EmbeddingFeatures(torch.nn.Module):
                 f'EmbeddingFeatures "{self.name}": call model.pull(batch) before the forward pass '
                 "on that batch (Model.fit/evaluate/predict and train_step do it for you)."
             )
-        B, D = step.batch_size, self.dim
+        B, D = step.batch_size, step.E.shape[1]  # D + 2 with cvm
         out: dict[str, Any] = {}
         if self.pooled_columns:
             if self.output == "concat":  # pooled in place: no [C, B, D] -> [B, C*D] copy

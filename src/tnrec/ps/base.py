@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -44,11 +44,17 @@ class ParameterServer(Protocol):
         ...
 
     def pull(
-        self, keys: Mapping[str, npt.NDArray[np.int64]], create: bool
+        self,
+        keys: Mapping[str, npt.NDArray[np.int64]],
+        create: bool,
+        stats: Collection[str] = (),
     ) -> dict[str, npt.NDArray[np.float32]]:
         """Return the rows of each table's unique ``keys`` (``float32[U, D]``).
 
         ``create`` adds missing keys (training); otherwise they read as zeros.
+        The tables named in ``stats`` return ``float32[U, D + 2]``: each row,
+        then the key's ``show`` and ``click`` as its owner holds them (0 for
+        keys without a row).
         """
         ...
 
@@ -58,11 +64,16 @@ class ParameterServer(Protocol):
         grads: Mapping[str, npt.NDArray[np.float32]],
         show: Mapping[str, npt.NDArray[np.float32]],
         click: Mapping[str, npt.NDArray[np.float32]],
+        active: Mapping[str, npt.NDArray[np.bool_]] | None = None,
     ) -> None:
         """Apply each table's optimizer once per key of the preceding :meth:`pull`.
 
         ``keys`` are those of that pull; ``grads[t]`` is ``float32[U, D]``,
-        ``show[t]`` and ``click[t]`` are ``float32[U]``.
+        ``show[t]`` and ``click[t]`` are ``float32[U]``. A table absent from
+        ``keys`` is not pushed (every worker must leave out the same tables).
+        ``active[t]`` (``bool[U]``), where given, marks the keys to apply: a
+        key no worker marks is left as it is (no optimizer rule, no show or
+        click, no marker); every worker must give ``active`` for the same tables.
         """
         ...
 

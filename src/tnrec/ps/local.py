@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -36,10 +36,21 @@ class LocalPS:
         self.tables = dict(tables)
 
     def pull(
-        self, keys: Mapping[str, npt.NDArray[np.int64]], create: bool
+        self,
+        keys: Mapping[str, npt.NDArray[np.int64]],
+        create: bool,
+        stats: Collection[str] = (),
     ) -> dict[str, npt.NDArray[np.float32]]:
-        """Return the rows of each table's unique keys (``float32[U, D]``)."""
-        return {name: self.tables[name].pull_unchecked(k, create) for name, k in keys.items()}
+        """Return the rows of each table's unique keys (``float32[U, D]``; ``[U, D + 2]``
+        with show and click for the tables in ``stats``)."""
+        out = {}
+        for name, k in keys.items():
+            table = self.tables[name]
+            rows = table.pull_unchecked(k, create)  # [U, D]
+            if name in stats:
+                rows = np.hstack([rows, table.read_stats_unchecked(k)])  # [U, D + 2]
+            out[name] = rows
+        return out
 
     def push(
         self,
@@ -47,8 +58,12 @@ class LocalPS:
         grads: Mapping[str, npt.NDArray[np.float32]],
         show: Mapping[str, npt.NDArray[np.float32]],
         click: Mapping[str, npt.NDArray[np.float32]],
+        active: Mapping[str, npt.NDArray[np.bool_]] | None = None,
     ) -> None:
         """Apply each table's optimizer once per key with the step's summed gradient.
+
+        Tables absent from ``keys`` are not pushed; with ``active[t]`` only the
+        marked keys of table ``t`` are.
 
         Raises:
             NonFiniteError: a gradient is NaN or infinite (nothing is pushed).
@@ -60,7 +75,11 @@ class LocalPS:
                     "(check the loss and learning rates); no table was updated."
                 )
         for name, k in keys.items():
-            self.tables[name].push_unchecked(k, grads[name], show[name], click[name])
+            g, s, c = grads[name], show[name], click[name]
+            mask = active.get(name) if active is not None else None
+            if mask is not None and not mask.all():
+                k, g, s, c = k[mask], g[mask], s[mask], c[mask]
+            self.tables[name].push_unchecked(k, g, s, c)
 
     def all_reduce_grads(
         self, params: list[torch.nn.Parameter], extra: npt.NDArray[np.float64]

@@ -15,13 +15,18 @@ One step, for all tables together (T tables, W workers):
               same order as the pull, so keys are not sent again; each owner sums
               the contributions for a key and applies the optimizer once.
 
+A pull's ``stats`` tables return ``[row (D floats), show, click]`` per key
+(step 4 sends D + 2 floats). A push's ``active`` tables carry one more float
+per key (1 where the worker applies the key): the owner applies a key some
+worker marked and leaves the others untouched.
+
 Owners add gradients without further scaling (the loss is already divided by
 the global batch weight) and show/click stay raw counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,9 +89,13 @@ class ShardedPS:
     # ---------------------------------------------------------------- pull
 
     def pull(
-        self, keys: Mapping[str, npt.NDArray[np.int64]], create: bool
+        self,
+        keys: Mapping[str, npt.NDArray[np.int64]],
+        create: bool,
+        stats: Collection[str] = (),
     ) -> dict[str, npt.NDArray[np.float32]]:
-        """Return the rows of each table's unique ``keys`` from their owners (``float32[U, D]``)."""
+        """Return the rows of each table's unique ``keys`` from their owners (``float32[U, D]``;
+        ``[U, D + 2]`` with the owners' show and click for the tables in ``stats``)."""
         W, names = self.world_size, self._names
         self._pulled = True
         send_keys, send_counts = [], np.zeros((W, len(names)), np.int64)  # [W, T]
@@ -122,7 +131,10 @@ class ShardedPS:
         for t, name in enumerate(names):
             got = np.concatenate([segments[s][t] for s in range(W)])
             uniq, inverse = unique_inverse(got)
-            rows = self.tables[name].pull_unchecked(uniq, create)  # [V, D]
+            table = self.tables[name]
+            rows = table.pull_unchecked(uniq, create)  # [V, D]
+            if name in stats:
+                rows = np.hstack([rows, table.read_stats_unchecked(uniq)])  # [V, D + 2]
             self._own[name] = _Owned(uniq, inverse, recv_counts[:, t])
             per_key = rows[inverse]  # [R, D]
             at = 0
@@ -131,7 +143,7 @@ class ShardedPS:
                 replies[s].append(per_key[at : at + n].reshape(-1))
                 at += n
         reply_flat = np.concatenate([a for parts in replies for a in parts]).astype(np.float32)
-        dims = np.array([self.tables[n].dim for n in names], np.int64)
+        dims = np.array([self.tables[n].dim + 2 * (n in stats) for n in names], np.int64)
         got_rows = self.comm.all_to_all(
             torch.from_numpy(reply_flat),
             (recv_counts * dims).sum(1).tolist(),
@@ -170,11 +182,15 @@ class ShardedPS:
         grads: Mapping[str, npt.NDArray[np.float32]],
         show: Mapping[str, npt.NDArray[np.float32]],
         click: Mapping[str, npt.NDArray[np.float32]],
+        active: Mapping[str, npt.NDArray[np.bool_]] | None = None,
     ) -> None:
         """Send each key's gradient and show/click to its owner, which applies them once.
 
         ``keys`` must be those of the preceding :meth:`pull`, in the same order:
         the gradients travel in the order the pull sent the keys, without the keys.
+        Tables absent from ``keys`` are not pushed; for the tables in ``active``
+        an owner applies only the keys some worker marked (every worker must
+        leave out, and mark, the same tables).
 
         Raises:
             ArgumentError: ``keys`` differ from the preceding pull's (checked
@@ -183,21 +199,26 @@ class ShardedPS:
             NonFiniteError: a pushed gradient is NaN or infinite.
         """
         self._check_push_keys(keys)
-        W, names = self.world_size, self._names
+        W = self.world_size
+        names = [n for n in self._names if n in keys]
+        if not names:  # every worker leaves out the same tables: no exchange at all
+            return
+        masks = active if active is not None else {}
         parts = []
         for name in names:
             req = self._req[name]
-            g = grads.get(name)
             n = req.order.shape[0]
             D = self.tables[name].dim
-            packed = np.empty((n, D + 2), np.float32)  # [U, D + 2]: grad, show, click
+            packed = np.empty((n, D + 2 + (name in masks)), np.float32)  # grad, show, click[, on]
             if n:
-                packed[:, :D] = g
+                packed[:, :D] = grads[name]
                 packed[:, D] = show[name]
                 packed[:, D + 1] = click[name]
+                if name in masks:
+                    packed[:, D + 2] = masks[name]
             parts.append((packed[req.order], req.counts))
         flat = _group_by_dest(parts, W)
-        widths = np.array([self.tables[n].dim + 2 for n in names], np.int64)
+        widths = np.array([self.tables[n].dim + 2 + (n in masks) for n in names], np.int64)
         send_counts = np.stack([self._req[n].counts for n in names], 1)  # [W, T]
         recv_counts = np.stack([self._own[n].counts for n in names], 1)  # [W, T]
         recv = self.comm.all_to_all(
@@ -218,8 +239,12 @@ class ShardedPS:
                 raise NonFiniteError(
                     f'Table "{name}" (rank {self.rank}): a pushed gradient is NaN or infinite.'
                 )
+            k = own.keys
+            if name in masks:
+                on = acc[:, D + 2] > 0  # [V] some worker applies the key
+                k, acc = k[on], acc[on]
             self.tables[name].push_unchecked(
-                own.keys,
+                k,
                 np.ascontiguousarray(acc[:, :D]),
                 np.ascontiguousarray(acc[:, D]),
                 np.ascontiguousarray(acc[:, D + 1]),
@@ -242,9 +267,9 @@ class ShardedPS:
                 f"ShardedPS.push (rank {self.rank}): `keys` names tables that were not pulled: "
                 f"{unknown}. Tables: {self._names}."
             )
-        for name in self._names:
+        for name in keys:
             pulled = self._req[name].keys  # [U]
-            got = keys.get(name, _NO_KEYS)
+            got = keys[name]
             if got is pulled:
                 continue
             if got.shape != pulled.shape or not np.array_equal(got, pulled):

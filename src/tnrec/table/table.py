@@ -376,6 +376,25 @@ class SparseTable(RowAccess):
         self._last_lookup = (keys.copy(), rws, self._key_version)
         return out
 
+    def read_stats_unchecked(self, keys: Keys) -> npt.NDArray[np.float32]:
+        """Return ``[show, click]`` of unique ``keys`` (``float32[n, 2]``; absent keys read 0).
+
+        Reuses the rows of the last pull when ``keys`` are its keys (the
+        training step's pull, then its CVM inputs), else looks them up.
+        """
+        n = keys.shape[0]
+        rws = self._remembered_rows(keys)
+        if rws is None:
+            rws = np.empty(n, dtype=np.int32)
+            rows.lookup_rows(self._slots, keys, rws)
+        out = np.zeros((n, 2), dtype=np.float32)  # [n, 2]
+        present = np.flatnonzero(rws >= 0)
+        if present.shape[0]:
+            got = np.empty((present.shape[0], 2), dtype=np.float32)
+            rows.gather_slots(*self._store.loc, rws[present], self.stats_offset, got)
+            out[present] = got
+        return out
+
     def _admit(
         self, keys: Keys, where: npt.NDArray[np.intp], out: npt.NDArray[np.float32]
     ) -> npt.NDArray[np.intp]:
