@@ -93,9 +93,8 @@ def write_tfrecord(root: Path, parquet: Path, rows: int) -> tuple[Path, list[byt
     return path, examples
 
 
-def decode_costs(examples: list[bytes]) -> str:
+def decode_costs(root: Path, examples: list[bytes]) -> str:
     """Microseconds per record: tnrec's kernels (through the reader) against protobuf's parser."""
-    root = Path(tempfile.mkdtemp())
     path = tfw.write_records(root / "d.tfrecord", examples)
     epoch(make_reader("TFRecord", path, 4096, 0))  # warm-up
     n, dt = epoch(make_reader("TFRecord", path, 4096, 0))
@@ -167,7 +166,7 @@ def main() -> None:
                 share = r.stats.input_wait_s / wall
                 label = "off (1 thread)" if prefetch == 0 else f"{prefetch} batches"
                 print(f"| {kind} | {label} | {n / dt:,.0f} | {100 * share:.1f}% |")
-        print("\n" + decode_costs(examples))
+        print("\n" + decode_costs(Path(tmp), examples))
 
 
 if __name__ == "__main__":
