@@ -93,10 +93,44 @@ def worker_slice(batch: Batch, step: int, rank: int, world: int) -> Batch:
     return batch.slice(bounds[rank], bounds[rank + 1])
 
 
-def contract(opt_name: str, rank: int, world: int) -> dict[str, np.ndarray]:
+class CvmFrozenModel(tn.Model):
+    """Table "shared": a cvm layer and a frozen cvm layer ("tags" in both); table "c" trains."""
+
+    def __init__(self, opt):
+        super().__init__()
+        user, item, tags = (fc.category_column(k) for k in ("user", "item", "tags"))
+        self.a = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(user, 4), fc.embedding_column(tags, 4, combiner="mean")],
+            opt,
+            table="shared",
+            output="concat",
+            cvm=True,
+        )
+        self.f = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(item, 4), fc.embedding_column(tags, 4)],
+            opt,
+            table="shared",
+            output="concat",
+            cvm=True,
+            trainable=False,
+        )
+        self.c = tn.layers.EmbeddingFeatures(
+            [fc.embedding_column(user, 2), fc.embedding_column(item, 2)], opt, output="concat"
+        )
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(30, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+        )
+
+    def forward_dense(self, pooled, dense):
+        return self.mlp(torch.cat([pooled["a"], pooled["f"], pooled["c"], dense], 1))
+
+
+def contract(
+    opt_name: str, rank: int, world: int, make: type[tn.Model] = ContractModel
+) -> dict[str, np.ndarray]:
     """Train 50 steps on this worker's slices; return losses, dense params and owned rows."""
     torch.manual_seed(0)
-    model = ContractModel(OPTIMIZERS[opt_name]())
+    model = make(OPTIMIZERS[opt_name]())
     model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
     losses = []
     for step in range(STEPS):
@@ -115,6 +149,13 @@ def run_contract(rank: int, world: int) -> dict[str, np.ndarray]:
     out = {}
     for opt_name in OPTIMIZERS:
         out.update(contract(opt_name, rank, world))
+    return out
+
+
+def run_cvm_frozen(rank: int, world: int) -> dict[str, np.ndarray]:
+    out = {}
+    for opt_name in OPTIMIZERS:
+        out.update(contract(opt_name, rank, world, CvmFrozenModel))
     return out
 
 
@@ -365,6 +406,7 @@ def run_schedule(rank: int, world: int) -> dict[str, np.ndarray]:
 
 SCENARIOS = {
     "contract": run_contract,
+    "cvm_frozen": run_cvm_frozen,
     "timeout": run_timeout,
     "crash": run_crash,
     "schedule": run_schedule,

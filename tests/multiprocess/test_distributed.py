@@ -61,6 +61,29 @@ def test_w_workers_train_the_same_model_as_one(launch, tmp_path, reference, worl
         assert threads and not [t for t in threads if "gloo" in t], threads
 
 
+@pytest.mark.parametrize("world", [2])
+def test_w_workers_train_a_cvm_model_with_a_frozen_layer_as_one(launch, tmp_path, world):
+    reference = mp_scenarios.run_cvm_frozen(0, 1)
+    res = launch(world, ["cvm_frozen", str(tmp_path)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts = load(tmp_path, "cvm_frozen", world)
+    for opt in mp_scenarios.OPTIMIZERS:
+        for k, v in reference.items():
+            if k.startswith(f"{opt}/loss") or k.startswith(f"{opt}/dense/"):
+                for r in range(world):
+                    np.testing.assert_allclose(parts[r][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        ours, ref = merged_tables(parts, opt), merged_tables([reference], opt)
+        for tname in ref:
+            for array, v in ref[tname].items():
+                np.testing.assert_allclose(
+                    ours[tname][array], v, rtol=1e-5, atol=1e-6, err_msg=f"{opt} {tname} {array}"
+                )
+        shared = ref["shared"]
+        items = shared["keys"] >= (1 << 40)  # read only by the frozen layer: never pushed
+        assert items.any() and (shared["show"][items] == 0).all()
+        assert (shared["marker"][items] == 1).all() and (shared["show"][~items] > 0).any()
+
+
 def test_a_stalled_worker_raises_instead_of_hanging(launch, tmp_path):
     res = launch(2, ["timeout", str(tmp_path), "3"], timeout_s=120)
     out = res.stdout + res.stderr
