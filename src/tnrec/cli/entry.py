@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cp.add_argument("path", metavar="MODEL_DIR/DT/GEN")
     _serve_parser(sub)
+    _import_parser(sub)
     i = sub.add_parser("inspect", help="days, generations, tables of a model dir; one row")
     i.add_argument("path", metavar="MODEL_DIR[/DT]")
     i.add_argument("--table")
@@ -106,6 +107,36 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--threads", type=positive_int, default=1, help="torch threads per worker (>= 1)"
     )
+
+
+def _import_parser(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser(
+        "import-tensornet", help="a TensorNet checkpoint's sparse tables as a tnrec checkpoint"
+    )
+    m.add_argument("src", metavar="SRC", help="TensorNet's save_weights filepath (or its day)")
+    m.add_argument("dst", metavar="DST", help="a new tnrec model dir")
+    m.add_argument("--dt", help="the day to read (default: the one SRC/_checkpoint names)")
+    m.add_argument(
+        "--optimizer", choices=("AdaGrad", "Adam", "Ftrl"), help="what bin block files hold"
+    )
+    m.add_argument("--cvm", action="store_true", help="bin AdaGrad files carry a click")
+
+
+def import_tensornet(args: argparse.Namespace) -> None:
+    """``tnrec import-tensornet``: import, then print what was and was not imported."""
+    from tnrec.compat.tensornet_import import import_checkpoint
+
+    report = import_checkpoint(
+        args.src, args.dst, dt=args.dt, optimizer=args.optimizer, cvm=args.cvm
+    )
+    print(f"wrote {report.path} (day {report.dt})")
+    for name, t in report.tables.items():
+        print(
+            f'table "{name}": {t["rows"]} rows, {t["optimizer"]}, dim {t["dim"]}, from '
+            f"{t['files']} files of {t['ranks']} ranks"
+        )
+    for line in report.not_imported:
+        print(line)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -149,6 +180,8 @@ def _run(args: argparse.Namespace) -> None:
                 print(f"{write_latest(out)} now names it")
     elif args.command == "serve":
         serve(args)
+    elif args.command == "import-tensornet":
+        import_tensornet(args)
     elif args.command == "inspect":
         print(inspect(args.path, args.table, args.key, args.json))
     elif args.command == "checkpoint":
