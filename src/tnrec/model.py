@@ -18,6 +18,8 @@ from tnrec.distribute import current_strategy
 from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.layers import EmbeddingFeatures
 from tnrec.layers.embedding import BagLayout, bag_layout, cvm_inputs
+from tnrec.layers.normalization import BatchNormalization
+from tnrec.layers.position import PositionBias
 from tnrec.losses import (
     LOSSES,
     SINGLE,
@@ -27,6 +29,7 @@ from tnrec.losses import (
     mse,
 )
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
+from tnrec.optimizer import pcgrad as pcgrad_sum
 from tnrec.ps import LocalPS, ParameterServer, unique_inverse
 from tnrec.ps.unique import show_click
 from tnrec.table import SparseOptimizer, SparseTable
@@ -103,6 +106,9 @@ class Model(TrainingLoops, torch.nn.Module):
         self._batch: Batch | None = None
         self._missing_grads: npt.NDArray[np.float64] | None = None  # train_step's, for push
         self._heads: list[Head] = []
+        self._position_layers: list[PositionBias] = []  # handed each training batch
+        self._task_losses: list[torch.Tensor] = []  # compute_loss's per-head terms
+        self.pcgrad = False  # compile(pcgrad=True): project conflicting head gradients
         self.optimizer: torch.optim.Optimizer | None = None
         self.default_dense_optimizer: SparseOptimizer | torch.optim.Optimizer | None = None
         self.clip_norm: float | None = None
@@ -189,8 +195,31 @@ class Model(TrainingLoops, torch.nn.Module):
             table.generation = 1  # rows changed before the first checkpoint belong to generation 1
         ps = ps_factory(tables)
         self._ps = ps
+        self._bind_dense_layers()
         # Every worker starts from rank 0's dense parameters.
         ps.broadcast_parameters([*self.parameters(), *self.buffers()])
+
+    def _bind_dense_layers(self) -> None:
+        """Give batch normalisations the model's all-reduce; list the position layers."""
+        for module in self.modules():
+            if isinstance(module, BatchNormalization):
+                module.reduce = self._all_reduce_statistics
+        self._position_layers = [m for m in self.modules() if isinstance(m, PositionBias)]
+
+    def _all_reduce_statistics(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return self.ps.all_reduce_sum(values)
+
+    def sync_statistics(self) -> None:
+        """Exchange every :class:`~tnrec.layers.BatchNormalization`'s pending statistics.
+
+        A collective (every worker calls it); ``save_weights`` and ``export``
+        call it first, so the saved and exported statistics are the global ones.
+        """
+        if self._ps is None:
+            self.build_tables()
+        for module in self.modules():
+            if isinstance(module, BatchNormalization):
+                module.sync_statistics()
 
     @property
     def ps(self) -> ParameterServer:
@@ -232,6 +261,7 @@ class Model(TrainingLoops, torch.nn.Module):
         if any(lr is not None for lr in rates.values()):
             state["learning_rates"] = rates  # the tables' scheduled rates (None: the optimizer's)
         resume = {**state, **(resume or {})}
+        self.sync_statistics()
         return checkpoint.save(self, model_dir, dt, resume=resume, position=position, keep=keep)
 
     def load_weights(self, model_dir: str, dt: str | None = None, *, partial: bool = False) -> Any:
@@ -280,6 +310,7 @@ class Model(TrainingLoops, torch.nn.Module):
         """
         from tnrec import export
 
+        self.sync_statistics()
         return export.export(self, path, min_show=min_show, dt=dt, onnx=onnx, provenance=provenance)
 
     # ------------------------------------------------------------------ the step
@@ -442,7 +473,11 @@ class Model(TrainingLoops, torch.nn.Module):
     def forward(self, batch: Batch) -> Any:
         """Return the model's output(s): ``forward_dense(embed(batch), dense)``."""
         dense = torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32))  # [B, F]
-        return self.forward_dense(self.embed(batch), dense)
+        pooled = self.embed(batch)
+        if self.training:
+            for layer in self._position_layers:
+                layer.set_batch(batch)
+        return self.forward_dense(pooled, dense)
 
     def forward_dense(self, pooled: dict[str, Any], dense: torch.Tensor) -> Any:
         """The dense part: outputs from pooled embeddings and dense features. Override it.
@@ -470,6 +505,7 @@ class Model(TrainingLoops, torch.nn.Module):
         loss_weights: Mapping[str, float] | None = None,
         clip_norm: float | None = None,
         click_label: str | None = None,
+        pcgrad: bool = False,
     ) -> None:
         """Configure training.
 
@@ -490,6 +526,9 @@ class Model(TrainingLoops, torch.nn.Module):
             clip_norm: clip the dense gradients' global norm to this.
             click_label: the label counted as a click in the tables' statistics
                 (default: the first head's label).
+            pcgrad: combine the heads' dense gradients with PCGrad
+                (:func:`tnrec.optimizer.pcgrad`, after summing each head's
+                gradient over workers); the tables get the plain total's gradient.
 
         Raises:
             ArgumentError: unknown loss or metric, bad clip_norm.
@@ -546,6 +585,9 @@ class Model(TrainingLoops, torch.nn.Module):
             )
         self.clip_norm = clip_norm
         self.click_label = click_label
+        if not isinstance(pcgrad, bool):
+            raise ArgumentError(f"`pcgrad` must be True or False. Received: pcgrad={pcgrad!r}.")
+        self.pcgrad = pcgrad
         if self._ps is None:
             self.build_tables()
 
@@ -600,11 +642,13 @@ class Model(TrainingLoops, torch.nn.Module):
         weighted_sum = 0.0
         preds = {}
         by_head = self._outputs_by_head(outputs)
+        self._task_losses = []
         for h in self._heads:
             out = by_head[h.name]  # [B]
             y = torch.from_numpy(np.ascontiguousarray(self._label(h, batch), dtype=np.float32))
             per_row = h.loss(out, y) * wt  # [B]
-            total = total + h.weight * per_row.sum() / max(norm, 1e-12)
+            self._task_losses.append(h.weight * per_row.sum() / max(norm, 1e-12))
+            total = total + self._task_losses[-1]
             weighted_sum += h.weight * float(per_row.detach().sum())
             preds[h.name] = h.to_prediction(out.detach())
         self._loss_state += (weighted_sum, float(w.sum()))
@@ -648,8 +692,9 @@ class Model(TrainingLoops, torch.nn.Module):
         outputs = self(batch)
         loss, preds = self.compute_loss(batch, outputs, norm=weight)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
         params = [p for p in self.parameters() if p.requires_grad]
+        task_grads = self._task_gradients(params) if self.pcgrad else None
+        loss.backward()
         # per worker: [loss not finite, then one flag per table]; summed: workers per flag
         bad = np.array(
             [
@@ -671,12 +716,41 @@ class Model(TrainingLoops, torch.nn.Module):
         if flags.any() or dense:
             self._release()
             raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags, dense)}")
+        if task_grads is not None:
+            self._apply_pcgrad(params, task_grads)
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
         self.push()
         opt.step()
         self._update_metrics(batch, preds)
         return {"loss": float(loss.detach())}
+
+    def _task_gradients(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """Return each head's gradient of ``params`` on this worker, ``float64[T, P]``."""
+        rows = []
+        for term in self._task_losses:
+            grads = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+            rows.append(
+                torch.cat(
+                    [
+                        (g if g is not None else torch.zeros_like(p)).reshape(-1).double()
+                        for g, p in zip(grads, params, strict=True)
+                    ]
+                )
+            )  # [P]
+        return torch.stack(rows)  # [T, P]
+
+    def _apply_pcgrad(self, params: list[torch.nn.Parameter], task_grads: torch.Tensor) -> None:
+        """Sum each head's gradient over workers, then set the dense gradients to their PCGrad."""
+        T = task_grads.shape[0]
+        summed = self.ps.all_reduce_sum(task_grads.numpy().reshape(-1))  # [T * P]
+        combined = pcgrad_sum(torch.from_numpy(np.asarray(summed).reshape(T, -1)))  # [P]
+        at = 0
+        for p in params:
+            n = p.numel()
+            if p.grad is not None:
+                p.grad = combined[at : at + n].view_as(p).to(p.dtype)
+            at += n
 
     def test_step(self, batch: Batch) -> dict[str, Any]:
         """One evaluation step (no table changes): pull without creating, forward, metrics.

@@ -16,6 +16,9 @@ config             dense optimizer
 =================  ===========================================================
 
 Any ``torch.optim.Optimizer`` may be passed instead.
+
+:func:`pcgrad` is the gradient surgery ``Model.compile(pcgrad=True)`` applies
+to the dense gradients of a model with several heads.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from tnrec.errors import ArgumentError
 from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseOptimizer
 
-__all__ = ["SGD", "AdaGrad", "Adam", "Ftrl", "SparseOptimizer", "dense_optimizer"]
+__all__ = ["SGD", "AdaGrad", "Adam", "Ftrl", "SparseOptimizer", "dense_optimizer", "pcgrad"]
 
 
 def dense_optimizer(
@@ -67,3 +70,47 @@ def dense_optimizer(
         "`dense_optimizer` must be tn.optimizer.Adam/AdaGrad/SGD or a torch.optim.Optimizer. "
         f"Received: {type(config).__name__}."
     )
+
+
+def pcgrad(task_grads: torch.Tensor) -> torch.Tensor:
+    """Return the PCGrad combination of per-task gradients ``[T, P]``: ``[P]``.
+
+    Yu et al. 2020, "Gradient Surgery for Multi-Task Learning": each task's
+    gradient ``g_i`` is projected, for every other task ``j`` in index order
+    (deterministic, so reruns and W workers agree), onto the normal plane of
+    the *original* ``g_j`` when they conflict::
+
+        if g_i . g_j < 0:  g_i <- g_i - (g_i . g_j) / |g_j|^2 * g_j
+
+    and the projected gradients are summed. Without conflicts the result is
+    the plain sum. Computed in float64, returned in the input's dtype.
+
+    Args:
+        task_grads: ``[T, P]``, one flattened gradient per task (T >= 1).
+
+    Returns:
+        ``[P]``: the sum of the projected task gradients.
+
+    Raises:
+        ArgumentError: ``task_grads`` is not 2-D.
+
+    Example:
+        >>> pcgrad(torch.tensor([[1.0, 0.0], [-1.0, 1.0]])).tolist()
+        [0.5, 1.5]
+    """
+    if task_grads.dim() != 2:
+        raise ArgumentError(
+            "pcgrad: `task_grads` must be [T, P] (one flattened gradient per task). "
+            f"Received: shape {tuple(task_grads.shape)}."
+        )
+    g = task_grads.detach().double()  # [T, P]
+    norms = (g * g).sum(1)  # [T]
+    out = g.clone()  # [T, P]
+    for i in range(g.shape[0]):  # T tasks: a handful, never per key
+        for j in range(g.shape[0]):
+            if j == i or norms[j] == 0:
+                continue
+            dot = torch.dot(out[i], g[j])
+            if dot < 0:
+                out[i] -= dot / norms[j] * g[j]
+    return out.sum(0).to(task_grads.dtype)
