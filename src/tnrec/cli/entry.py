@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="then make <parent of --out>/_latest name it (what `tnrec serve --watch` serves)",
     )
+    x.add_argument(
+        "--format",
+        choices=("npy", "tsv"),
+        default="npy",
+        help="tsv: also TensorNet merge_sparse-style text dictionaries, tsv/<table>/<shard>.tsv",
+    )
     x.add_argument("--delta", action="store_true", help="rows updated/deleted --since --to")
     x.add_argument("--since", help="delta: the day of the full export it applies to")
     x.add_argument("--to", help="delta: the day it brings the export to")
@@ -163,6 +169,8 @@ def _run(args: argparse.Namespace) -> None:
                 where = part_path(where, 0, s.world_size, kind).replace(".part-0-", ".part-*-")
             print(f"wrote {n} predictions to {where}")
     elif args.command == "export":
+        if args.format == "tsv" and args.delta:
+            raise ArgumentError("--format tsv writes full exports' dictionaries, not deltas.")
         out = export(
             args.model_dir,
             args.out,
@@ -176,6 +184,10 @@ def _run(args: argparse.Namespace) -> None:
         )
         if current_or_new_strategy().rank == 0:
             print(f"wrote {'the delta' if args.delta else 'the export'} to {out}")
+            if args.format == "tsv":  # rank 0, once the manifest is there: every shard
+                from tnrec.export.tsv import write_tsv
+
+                print(f"wrote {len(write_tsv(out))} text dictionaries to {out}/tsv")
             if args.latest:
                 print(f"{write_latest(out)} now names it")
     elif args.command == "serve":

@@ -484,6 +484,27 @@ def test_export_errors(trained, tmp_path):
     assert not os.path.exists(out)
 
 
+def test_export_format_tsv_writes_text_dictionaries_equal_to_the_npy(trained, tmp_path):
+    md, out = str(trained / "model"), str(tmp_path / "x")
+    assert main(["export", "--model-dir", md, "--out", out, "--format", "tsv"]) == 0
+    tables = sorted(os.listdir(os.path.join(out, "embeddings")))
+    assert sorted(os.listdir(os.path.join(out, "tsv"))) == tables
+    for t in tables:
+        d = os.path.join(out, "embeddings", t, "shard-00000-of-00001")
+        keys, weights = (
+            np.load(os.path.join(d, "keys.npy")),
+            np.load(os.path.join(d, "weights.npy")),
+        )
+        lines = open(os.path.join(out, "tsv", t, "shard-00000-of-00001.tsv")).read().splitlines()
+        cells = [ln.split("\t") for ln in lines]
+        got_keys = np.array([int(c[0]) for c in cells], np.uint64).view(np.int64)
+        got = np.array([[float(x) for x in c[1:]] for c in cells]).astype(np.float32)
+        np.testing.assert_array_equal(got_keys, keys)
+        assert (got.view(np.uint32) == weights.view(np.uint32)).all()
+    assert main(["export", "--model-dir", md, "--out", str(tmp_path / "d"), "--format", "tsv",
+                 "--delta", "--since", "2024-05-10", "--to", "2024-05-11"]) == 2  # fmt: skip
+
+
 def test_inspect_prints_days_tables_and_quantiles(trained, capsys):
     md = str(trained / "model")
     assert main(["inspect", md]) == 0
