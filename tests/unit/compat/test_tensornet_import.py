@@ -282,3 +282,25 @@ def test_cli_import_tensornet(tmp_path, capsys):
     assert len(got["keys"]) == rows.signs.shape[0]
     assert main(["import-tensornet", str(tmp_path / "tn"), str(tmp_path / "o3")]) == 2
     assert "does not name its optimizer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "gz"),
+    [
+        pytest.param("sparse_block_0_bin.gz", True, id="suffixed"),
+        pytest.param("block_0.gz", False, id="not-gzipped"),
+    ],
+)
+def test_other_block_names_and_plain_files(tmp_path, name, gz):
+    rows = make_rows("Adam", 5, D, seed=12)
+    data = block_bytes(rows, range(rows.signs.shape[0]), "bin", False)
+    root = tmp_path / "tn"
+    rank = root / "d" / "sparse_table" / "t" / "rank_0"
+    rank.mkdir(parents=True)
+    (root / "_checkpoint").write_text('{"dt": "d"}')
+    (rank / name).write_bytes(gzip.compress(data) if gz else data)
+    (rank / "notes.txt").write_text("not a block")  # ignored: not a block file name
+    got = imported_rows(import_checkpoint(str(root), str(tmp_path / "o"), optimizer="Adam"), "t")
+    want, _ = expected(rows, "bin")
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
