@@ -8,7 +8,11 @@ TensorNet's split: only the first layer is special. An export holds::
                                      int64[n_r], strictly increasing: the keys of shard r
                                      (np.load(mmap_mode="r")); r and W in five digits
       embeddings/<table>/shard-<r>-of-<W>/weights.npy
-                                     float32[n_r, D], row i the vector of keys[i]
+                                     float32[n_r, D], row i the vector of keys[i]; for a
+                                     table of cvm=True layers float32[n_r, D + 2]: the
+                                     vector, then the key's show and log(click + 1) -
+                                     log(show + 1) at export time (the row those layers
+                                     pool; its ``tables`` and ``inputs`` dim is D + 2)
       dense.pt2                      the model's forward_dense as a torch.export program
                                      (batch dimension dynamic), taking the pooled embeddings
                                      (flat, in manifest order) and the dense features;

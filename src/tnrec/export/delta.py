@@ -94,7 +94,8 @@ def export_delta(
             graph and spec; rank 0 traces it), or None for the rows alone.
 
     Raises:
-        ArgumentError: ``path`` exists or ``min_show`` is not a number.
+        ArgumentError: ``path`` exists, ``min_show`` is not a number, or ``model``
+            has a ``cvm=True`` layer.
         CheckpointError: a checkpoint is missing or damaged.
         WriteError: a file cannot be written on some worker; nothing is left at ``path``.
     """
@@ -106,6 +107,14 @@ def export_delta(
         if min_show is not None and not is_number(min_show):
             raise ArgumentError(
                 f"export_delta: `min_show` must be a number or None. Received: {min_show!r}."
+            )
+        cvm = [layer.name for layer in model.embedding_layers() if layer.cvm] if model else []
+        if cvm:
+            # show decay changes every row's CVM inputs without marking the row updated
+            raise ArgumentError(
+                f"export_delta: layers {cvm} have cvm=True; their dictionaries' CVM inputs "
+                "change with every row's decayed statistics, which a delta of updated rows "
+                "does not carry. Write a full export instead."
             )
         plan["rows"] = _delta_rows(since_ckpt, to_ckpt, min_show, workers)
         plan["doc"] = {

@@ -27,18 +27,11 @@ if TYPE_CHECKING:
 def layer_inputs(model: Model) -> list[dict[str, Any]]:
     """Describe the pooled inputs of ``forward_dense``, in the graph's argument order.
 
-    Raises:
-        ArgumentError: a layer has ``cvm=True``: the export's dictionaries hold
-            weights only, not the show/click inputs such a layer reads.
+    A ``cvm=True`` layer's inputs have ``dim`` ``D + 2``: its table's dictionary
+    holds each key's weights followed by its two CVM inputs.
     """
     out = []
     for layer in model.embedding_layers():
-        if getattr(layer, "cvm", False):
-            raise ArgumentError(
-                f'export: layer "{layer.name}" has cvm=True; the export\'s dictionaries hold '
-                "weights only, not the show/click inputs it reads. Predict with "
-                "Model.predict, or export a model without cvm layers."
-            )
         for col in layer.columns:
             seq = isinstance(col.categorical, SequenceCategoryColumn)
             out.append(
@@ -46,7 +39,7 @@ def layer_inputs(model: Model) -> list[dict[str, Any]]:
                     "layer": layer.name,
                     "table": layer.table_name,
                     "column": col.key,
-                    "dim": col.dimension,
+                    "dim": layer.output_dim,
                     "combiner": col.combiner,
                     "sequence": seq,
                     "max_length": col.categorical.max_length if seq else 0,

@@ -23,6 +23,7 @@ from tnrec.checkpoint.layout import check_listed_file
 from tnrec.checkpoint.layout import read_manifest as read_ckpt
 from tnrec.errors import ArgumentError, CheckpointError
 from tnrec.export.layout import owned_buckets
+from tnrec.layers.embedding import cvm_inputs
 from tnrec.table import SparseTable
 from tnrec.table import files as table_files
 from tnrec.table.stream import npy_header
@@ -145,11 +146,15 @@ _EXPORT_CHUNK = 1 << 20  # keys a chunk: 8 + 4 * D bytes each in flight
 
 
 def write_table_shard(
-    table: SparseTable, shard: str, min_show: float | None
+    table: SparseTable, shard: str, min_show: float | None, cvm: bool = False
 ) -> tuple[int, str, str]:
     """Write a live table's ``keys.npy`` (ascending) and ``weights.npy`` into ``shard``,
     streamed: the sorted keys (8 bytes a key), a keep mask with ``min_show`` (1 byte a
     key) and one chunk of weights are all it holds beside the table.
+
+    With ``cvm`` each row of ``weights.npy`` is ``D + 2`` wide: the weights, then
+    the key's :func:`tnrec.layers.embedding.cvm_inputs` from its statistics now,
+    the row a ``cvm=True`` layer pools.
 
     Returns:
         ``(rows written, sha256 of keys.npy, sha256 of weights.npy)``.
@@ -170,13 +175,17 @@ def write_table_shard(
     wf = StreamFile(os.path.join(shard, "weights.npy"))
     try:
         kf.write(npy_header("i8", (n,)))
-        wf.write(npy_header("f4", (n, table.dim)))
+        wf.write(npy_header("f4", (n, table.dim + 2 * cvm)))
         for a in range(0, keys.shape[0], _EXPORT_CHUNK):
             k = keys[a : a + _EXPORT_CHUNK]
             if keep is not None:
                 k = np.ascontiguousarray(k[keep[a : a + _EXPORT_CHUNK]])
             kf.write(k.data)
-            wf.write(table.read_column(k, 0, table.dim).data)
+            w = table.read_column(k, 0, table.dim)  # [n, D]
+            if cvm:
+                st = table.read_column(k, table.stats_offset, 2)  # [n, 2] show, click
+                w = np.ascontiguousarray(np.hstack([w, cvm_inputs(st[:, 0], st[:, 1])]))
+            wf.write(w.data)
         return n, kf.close(), wf.close()
     except BaseException:
         kf.abort()

@@ -165,7 +165,9 @@ def export(
             rel = shard_dir(name, workers.rank, workers.world_size, FORMAT_VERSION)
             full = make_shard_dir(tmp, rel)
             if tables is None:  # a live table: streamed, no copy of its rows
-                n, dk, dw = write_table_shard(model.tables[name], full, min_show)
+                n, dk, dw = write_table_shard(
+                    model.tables[name], full, min_show, cvm=name in plan["cvm"]
+                )
             else:
                 keys, weights = _kept_rows(tables, name, min_show)
                 dk = save_npy(os.path.join(full, "keys.npy"), keys)
@@ -207,7 +209,12 @@ def _plan(
         for name in model.tables:
             _check_name(name, f"export: table {name!r}")
         plan["dims"] = {name: int(t.dim) for name, t in model.tables.items()}
+        plan["cvm"] = {layer.table_name for layer in model.embedding_layers() if layer.cvm}
+        for name in plan["cvm"]:
+            plan["dims"][name] += 2  # the weights, then the two CVM inputs
     else:
+        _check_no_cvm(model, "export(tables=...)")
+        plan["cvm"] = set()
         plan["dims"] = {}
         for name, given in tables.items():
             _check_rows(name, given, min_show)
@@ -216,6 +223,21 @@ def _plan(
     if workers.rank == 0:
         plan.update(dense_plan(model))
     return plan
+
+
+def _check_no_cvm(model: Model, what: str) -> None:
+    """Raise if a layer of ``model`` has ``cvm=True`` (``what`` cannot carry its inputs).
+
+    Raises:
+        ArgumentError: names the layer and ``what``.
+    """
+    for layer in model.embedding_layers():
+        if layer.cvm:
+            raise ArgumentError(
+                f'{what}: layer "{layer.name}" has cvm=True, and rows read from a checkpoint '
+                "carry no CVM inputs the dictionary could hold. Export the live model "
+                "(Model.export) instead."
+            )
 
 
 def _kept_rows(

@@ -226,13 +226,3 @@ def test_a_zero_gradient_of_a_key_in_the_batch_is_an_adam_update(make_batch):
     rows = m.tables["e"].rows()
     assert not np.array_equal(rows["weights"], w1)
     np.testing.assert_array_equal(rows["show"], [2.0])
-
-
-def test_export_of_a_cvm_layer_raises_naming_it(make_batch, tmp_path):
-    layer = tn.layers.EmbeddingFeatures(cols(["u"]), SGD(0.1), name="e", cvm=True)
-    m = Layers(e=layer)
-    m.compile(tn.optimizer.SGD(0.1), loss="mse")
-    m.train_step(make_batch({"u": [[1]]}, [1]))
-    with pytest.raises(ArgumentError, match=r'export: layer "e" has cvm=True'):
-        m.export(str(tmp_path / "exp"))
-    assert not (tmp_path / "exp").exists()
