@@ -126,3 +126,21 @@ def test_a_table_left_out_of_both_pull_and_push_is_fine(ps):
 def test_push_before_any_pull(ps):
     with pytest.raises(ArgumentError, match=r"ShardedPS.push \(rank 0\): no pull came before"):
         ps.push(KEYS, *step(KEYS))
+
+
+@pytest.mark.parametrize("kind", ["sharded", "local"])
+def test_pull_with_stats_returns_show_and_click_and_push_applies_only_active_keys(kind):
+    ps = ShardedPS(make_tables(), LoopbackComm()) if kind == "sharded" else LocalPS(make_tables())
+    rows = ps.pull(KEYS, create=True)
+    grads, show, click = step(KEYS)
+    click["user"] = np.float32([1, 0, 2])
+    on = {"user": np.array([True, False, True])}
+    ps.push(KEYS, grads, show, click, on)
+    got = ps.pull({**KEYS, "user": np.array([7, 3, 11, 99], np.int64)}, False, ["user"])
+    assert got["user"].shape == (4, 4) and got["item"].shape == (1, 3)
+    # key 3 was not marked: its row and statistics are unchanged; 99 is unknown: zeros
+    np.testing.assert_allclose(got["user"][:3, :2], rows["user"] - [[0.5], [0], [0.5]], rtol=1e-6)
+    np.testing.assert_array_equal(got["user"][:, 2:], [[1, 1], [0, 0], [1, 2], [0, 0]])
+    np.testing.assert_array_equal(got["user"][3], 0.0)
+    np.testing.assert_allclose(got["item"], rows["item"] - 0.5, rtol=1e-6)  # no mask: pushed
+    assert ps.tables["user"].rows(np.array([3], np.int64))["marker"][0] == 0
