@@ -7,6 +7,7 @@ slices by rank are those of the contract test (``mp_scenarios``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -19,10 +20,13 @@ import torch  # noqa: E402
 
 import tnrec as tn  # noqa: E402
 from tests.multiprocess.mp_scenarios import global_batch, worker_slice  # noqa: E402
+from tnrec.data.batch import Batch, Jagged  # noqa: E402
 from tnrec.table import AdaGrad  # noqa: E402
 
 fc = tn.feature_column
 STEPS = 30
+POS = fc.category_column("pos", dtype="int")
+POS_KEYS = fc.hash_values(POS, [1, 2, 3])  # [3]
 
 
 class Base(tn.Model):
@@ -67,15 +71,36 @@ class TwoHeads(Base):
         return {"click": self.click(h), "other": self.other(h)}
 
 
+class PosModel(Base):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = torch.nn.Linear(14, 1)
+        self.position = tn.layers.PositionBias(POS, [1, 2, 3], hidden_units=[4])
+
+    def forward_dense(self, pooled, dense):
+        logit = self.mlp(self.inputs(pooled, dense)).squeeze(-1)  # [B]
+        return logit + self.position(logit)  # [B]
+
+
+def with_position(batch: Batch) -> Batch:
+    """Add a position 1-3 per row (from its row id) as column "pos"."""
+    keys = POS_KEYS[batch.row_ids % 3]  # [B]
+    bags = Jagged(keys, np.arange(batch.size + 1, dtype=np.int64))
+    return dataclasses.replace(batch, sparse={**batch.sparse, "pos": bags})
+
+
 def opposite(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """A head that pulls against the click head: squared error to 1 - y."""
     return (out - (1.0 - y)) ** 2
 
 
-def train(model: tn.Model, rank: int, world: int, prefix: str) -> dict[str, np.ndarray]:
+def train(
+    model: tn.Model, rank: int, world: int, prefix: str, position: bool = False
+) -> dict[str, np.ndarray]:
     losses = []
     for step in range(STEPS):
-        logs = model.train_step(worker_slice(global_batch(step), step, rank, world))
+        batch = worker_slice(global_batch(step), step, rank, world)
+        logs = model.train_step(with_position(batch) if position else batch)
         losses.append(float(model.ps.all_reduce_sum(np.array([logs.get("loss", 0.0)]))[0]))
     out = {f"{prefix}/loss": np.array(losses)}
     for name, p in model.named_parameters():
@@ -114,10 +139,18 @@ def pcgrad(rank: int, world: int, on: bool) -> dict[str, np.ndarray]:
     return train(model, rank, world, "pcgrad" if on else "plain")
 
 
+def position_bias(rank: int, world: int) -> dict[str, np.ndarray]:
+    torch.manual_seed(0)
+    model = PosModel()
+    model.compile(tn.optimizer.Adam(0.01), loss="binary_crossentropy_from_logits")
+    return train(model, rank, world, "position", position=True)
+
+
 def run(rank: int, world: int, ckpt: str) -> dict[str, np.ndarray]:
     out = batch_norm(rank, world, 1, "-")
     out.update(batch_norm(rank, world, 4, ckpt))
     out.update(pcgrad(rank, world, True))
+    out.update(position_bias(rank, world))
     return out
 
 

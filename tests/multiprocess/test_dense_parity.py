@@ -1,5 +1,5 @@
-"""W workers ≡ 1 worker for batch normalisation (sync_freq=1) and PCGrad; with sync_freq > 1
-every worker saves the same, global statistics."""
+"""W workers ≡ 1 worker for batch normalisation (sync_freq=1), PCGrad and a position bias; with
+sync_freq > 1 every worker saves the same, global statistics."""
 
 import os
 
@@ -19,6 +19,7 @@ def reference():
     out = mp.batch_norm(0, 1, 1, "-")
     out.update(mp.pcgrad(0, 1, True))
     out.update(mp.pcgrad(0, 1, False))
+    out.update(mp.position_bias(0, 1))
     return out
 
 
@@ -76,3 +77,9 @@ def test_pcgrad_trains_what_one_worker_trains(parts, reference):
     projected = reference["pcgrad/dense/trunk.0.weight"]
     plain = reference["plain/dense/trunk.0.weight"]
     assert np.abs(projected - plain).max() > 1e-4  # the heads conflicted: PCGrad changed the step
+
+
+def test_a_position_bias_trains_what_one_worker_trains(parts, reference):
+    check_parity(parts[0], reference, "position")
+    last = reference["position/dense/position.tower.2.weight"]
+    assert np.abs(last).max() > 0  # it started at 0: the bias trained
