@@ -213,12 +213,12 @@ def _read_txt(fname: str, data: bytes, optimizer: str | None) -> Block:
             f"TensorNet block {fname}: line 1: the file's optimizer is {name}, expected "
             f"{optimizer}."
         )
-    body = [ln[:-1] if ln.endswith("\t") else ln for ln in lines[2:]]  # trailing tab
-    if body and body[-1] == "":
-        body.pop()
+    if lines[-1] == "":
+        lines.pop()  # the last line's newline
+    body = np.char.rstrip(np.array(lines[2:], dtype=str), "\t")  # [n]: trailing tabs off
     layouts = _cell_counts(name, dim)
-    counts = np.char.count(np.array(body, dtype=str), "\t") + 1 if body else np.zeros(0, int)
-    first = int(counts[0]) if body else next(iter(layouts))
+    counts = np.char.count(body, "\t") + 1  # [n]
+    first = int(counts[0]) if body.shape[0] else next(iter(layouts))
     wrong = np.flatnonzero(counts != first)
     if first not in layouts or wrong.shape[0]:
         at = 0 if first not in layouts else int(wrong[0])
@@ -226,8 +226,8 @@ def _read_txt(fname: str, data: bytes, optimizer: str | None) -> Block:
             f"TensorNet block {fname}: line {at + 3}: {int(counts[at])} tab-separated cells; "
             f"a {name} line of dim {dim} has {' or '.join(map(str, layouts))}."
         )
-    cells = np.array("\t".join(body).split("\t") if body else [], dtype=str)
-    cells = cells.reshape(len(body), first)  # [n, C]
+    joined = "\t".join(body.tolist()).split("\t") if body.shape[0] else []
+    cells = np.array(joined, dtype=str).reshape(body.shape[0], first)  # [n, C]
     return _txt_block(fname, name, dim, layouts[first], cells)
 
 
