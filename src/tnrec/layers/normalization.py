@@ -24,6 +24,9 @@ normalise exactly as one worker does on the whole batch (W = 1 contract).
 ``synchronized=False`` exchanges nothing during training. Before a checkpoint or
 an export the model exchanges whatever is left (:meth:`BatchNormalization.sync_statistics`),
 so every worker saves the same, global statistics.
+
+:class:`PCTRBatchNormalization` is TensorNet's ``PCTRDNNBatchNormalization``
+over the same totals (see its docstring for how it differs).
 """
 
 from __future__ import annotations
@@ -211,25 +214,35 @@ class BatchNormalization(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` ``[..., C]``; in training, first add its statistics."""
-        if x.shape[-1] != self.num_features:
-            raise ArgumentError(
-                f"BatchNormalization: the input's last axis must have num_features="
-                f"{self.num_features} channels. Received: shape {tuple(x.shape)}."
-            )
+        self._check_width(x)
         if self.training:
             with torch.no_grad():
                 self._observe(x.detach().reshape(-1, self.num_features))  # [rows, C]
-        inv = torch.rsqrt(self.moving_variance + self.epsilon)  # [C]
+        return self._normalise(x, self.moving_mean, self.moving_variance)
+
+    def _check_width(self, x: torch.Tensor) -> None:
+        if x.shape[-1] != self.num_features:
+            raise ArgumentError(
+                f"{type(self).__name__}: the input's last axis must have num_features="
+                f"{self.num_features} channels. Received: shape {tuple(x.shape)}."
+            )
+
+    def _normalise(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        inv = torch.rsqrt(var + self.epsilon)  # [C]
         if self.gamma is not None:
             inv = inv * self.gamma
-        out = x * inv - self.moving_mean * inv  # [..., C]
+        out = x * inv - mean * inv  # [..., C]
         return out + self.beta if self.beta is not None else out
 
-    def _observe(self, x: torch.Tensor) -> None:
-        """Add one training batch ``[rows, C]`` to the statistics and update the moments."""
+    def _observe(self, x: torch.Tensor, shift: torch.Tensor | None = None) -> None:
+        """Add one training batch ``[rows, C]`` to the statistics and update the moments.
+
+        The squares are of ``x - shift`` when ``shift`` ``[C]`` is given.
+        """
         x64 = x.double()
         rows = torch.full((self.num_features,), float(x64.shape[0]), dtype=torch.float64)
-        acc = torch.stack([x64.sum(0), (x64 * x64).sum(0), rows])  # [3, C]
+        d = x64 if shift is None else x64 - shift.double()  # [rows, C]
+        acc = torch.stack([x64.sum(0), (d * d).sum(0), rows])  # [3, C]
         self.increments += acc
         self.batch_counter += 1
         if self.synchronized and int(self.batch_counter) >= self.sync_freq:
@@ -266,3 +279,45 @@ class BatchNormalization(torch.nn.Module):
         """
         self._exchange()
         self._update_moments()
+
+
+class PCTRBatchNormalization(BatchNormalization):
+    """TensorNet's ``PCTRDNNBatchNormalization``: the statistics before the batch, and its variance.
+
+    The same totals, cap and exchanges as :class:`BatchNormalization`, with
+    TensorNet's three differences:
+
+    * a step normalises with the statistics as they were *before* its batch
+      (the first step with mean 0 and variance 0);
+    * the squares added are ``(x - mean)^2`` around that mean;
+    * the variance used is the running sum of those squares itself, not
+      divided by the count, so outputs scale as ``1 / sqrt(rows seen)`` until
+      the count reaches ``max_count``. This is TensorNet's formula, kept so
+      that a model trained with it there behaves the same here.
+
+    Example:
+        >>> bn = PCTRBatchNormalization(1).train()
+        >>> _ = bn(torch.tensor([[1.0], [3.0]]))  # adds sum 4, squares 1 + 9 around mean 0
+        >>> bn.eval()(torch.tensor([[2.0]])).item() == (2.0 - 2.0) / (10.0 + 1e-5) ** 0.5
+        True
+    """
+
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        count = self.local[COUNT]
+        safe = torch.where(count != 0, count, torch.ones_like(count))
+        mean = torch.where(count != 0, self.local[SUM] / safe, torch.zeros_like(count)).float()
+        return mean, self.local[SQ].float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` ``[..., C]`` with the statistics so far; in training, then add it."""
+        self._check_width(x)
+        mean, var = self._moments()  # [C], [C]: before this batch
+        if self.training:
+            with torch.no_grad():
+                self._observe(x.detach().reshape(-1, self.num_features), shift=mean)
+        return self._normalise(x, mean, var)
+
+    def _update_moments(self) -> None:
+        mean, var = self._moments()
+        self.moving_mean.copy_(mean)
+        self.moving_variance.copy_(var)

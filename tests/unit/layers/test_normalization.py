@@ -195,3 +195,46 @@ def test_the_export_holds_the_moving_statistics(trained, tmp_path):
     got = Predictor(path).predict([{k: v for k, v in r.items() if k != "y"} for r in rows])
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert trained.bn.moving_variance.min() > 0  # trained statistics, not the initial ones
+
+
+# ---------------------------------------------------------------- the PCTR-DNN variant
+
+
+def test_pctr_normalises_with_the_statistics_before_the_batch_and_the_raw_squares():
+    bn = tn.layers.PCTRBatchNormalization(1).train()
+    x1, x2 = np.array([[1.0], [3.0]]), np.array([[5.0], [7.0]])
+    out1 = bn(torch.tensor(x1, dtype=torch.float32)).detach().numpy()
+    np.testing.assert_allclose(out1, x1 / np.sqrt(EPS), rtol=1e-6)  # nothing seen: 0 and 0
+    out2 = bn(torch.tensor(x2, dtype=torch.float32)).detach().numpy()
+    # before batch 2: mean 4 / 2, "variance" = squares around 0 = 1 + 9
+    np.testing.assert_allclose(out2, (x2 - 2.0) / np.sqrt(10.0 + EPS), rtol=1e-6)
+    # batch 2 adds sum 12 and squares around 2: 9 + 25
+    assert bn.local[[SUM, SQ, COUNT], 0].tolist() == [16.0, 44.0, 4.0]
+    out = bn.eval()(torch.tensor([[10.0]])).detach().numpy()
+    np.testing.assert_allclose(out, [[(10.0 - 4.0) / np.sqrt(44.0 + EPS)]], rtol=1e-6)
+    assert bn.moving_mean.tolist() == [4.0] and bn.moving_variance.tolist() == [44.0]
+
+
+class TinyPCTR(TinyBN):
+    def __init__(self):
+        super().__init__()
+        self.bn = tn.layers.PCTRBatchNormalization(9, sync_freq=2, max_count=40)
+
+
+def test_pctr_round_trips_through_a_checkpoint_and_the_export(tmp_path):
+    torch.manual_seed(0)
+    m = TinyPCTR()
+    m.compile(tn.optimizer.Adam(learning_rate=0.05), loss="binary_crossentropy_from_logits")
+    m.fit(tiny_batches(tiny_rows(48, 0)), verbose=0)
+    m.save_weights(str(tmp_path / "ckpt"), "d1")
+    fresh = TinyPCTR()
+    fresh.compile(tn.optimizer.Adam(learning_rate=0.05), loss="binary_crossentropy_from_logits")
+    fresh.load_weights(str(tmp_path / "ckpt"))
+    for name, buf in m.bn.named_buffers():
+        assert torch.equal(getattr(fresh.bn, name), buf), name
+    rows = tiny_rows(30, 7)
+    want = m.predict(tiny_batches(rows))["prediction"]
+    got = Predictor(m.export(str(tmp_path / "exp"))).predict(
+        [{k: v for k, v in r.items() if k != "y"} for r in rows]
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
