@@ -257,4 +257,6 @@ def EmbeddingFeatures(  # noqa: N802 -- TensorNet's name
         output="concat" if is_concat else "list",
         initializer=sparse_opt.initializer,
         policy=sparse_opt.policy,
+        cvm=bool(target_columns),
+        trainable=trainable,
     )
