@@ -32,6 +32,10 @@ What each maps to (``docs/tensornet.md`` gives the reasons):
   bound, so the argument is checked and not used.
 * ``embedding_column(..., combiner="mean")`` -- TF's default combiner, where
   tnrec's own default is ``"sum"``.
+* ``TNBatchNormalization`` / ``PCTRDNNBatchNormalization`` --
+  ``tn.layers.BatchNormalization`` / ``PCTRBatchNormalization`` with
+  TensorNet's ``synchronized=False`` (tnrec's layers default to ``True``).
+  Keras infers the width from the input; here it is the first argument.
 
 Example:
     >>> import tnrec.compat.tensornet as tnc
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 
 from tnrec import feature_column as fc
 from tnrec.errors import ArgumentError
+from tnrec.layers import BatchNormalization, PCTRBatchNormalization
 from tnrec.layers import EmbeddingFeatures as _EmbeddingFeatures
 from tnrec.table import AdaGrad as _AdaGrad
 from tnrec.table import Adam as _Adam
@@ -60,7 +65,9 @@ __all__ = [
     "Adam",
     "EmbeddingFeatures",
     "Ftrl",
+    "PCTRDNNBatchNormalization",
     "SparseSettings",
+    "TNBatchNormalization",
     "category_column",
     "embedding_column",
 ]
@@ -259,4 +266,56 @@ def EmbeddingFeatures(  # noqa: N802 -- TensorNet's name
         policy=sparse_opt.policy,
         cvm=bool(target_columns),
         trainable=trainable,
+    )
+
+
+def TNBatchNormalization(  # noqa: N802 -- TensorNet's name
+    num_features: int,
+    center: bool = True,
+    scale: bool = True,
+    epsilon: float = 1e-5,
+    momentum: float = 0.99,
+    name: str | None = None,
+    synchronized: bool = False,
+    sync_freq: int = 1,
+    max_count: int = 100_000,
+) -> BatchNormalization:
+    """Return TensorNet's ``TNBatchNormalization`` with its defaults (``synchronized=False``).
+
+    ``name`` is accepted for TensorNet's signature; a tnrec layer is named by
+    its attribute in the model.
+    """
+    return BatchNormalization(
+        num_features,
+        center=center,
+        scale=scale,
+        epsilon=epsilon,
+        momentum=momentum,
+        synchronized=synchronized,
+        sync_freq=sync_freq,
+        max_count=max_count,
+    )
+
+
+def PCTRDNNBatchNormalization(  # noqa: N802 -- TensorNet's name
+    num_features: int,
+    center: bool = True,
+    scale: bool = True,
+    epsilon: float = 1e-5,
+    momentum: float = 0.99,
+    name: str | None = None,
+    synchronized: bool = False,
+    sync_freq: int = 1,
+    max_count: int = 100_000,
+) -> PCTRBatchNormalization:
+    """Return TensorNet's ``PCTRDNNBatchNormalization`` with its defaults."""
+    return PCTRBatchNormalization(
+        num_features,
+        center=center,
+        scale=scale,
+        epsilon=epsilon,
+        momentum=momentum,
+        synchronized=synchronized,
+        sync_freq=sync_freq,
+        max_count=max_count,
     )

@@ -124,3 +124,22 @@ def test_embedding_column_defaults_to_mean():
 def test_bad_arguments_are_named(call, match):
     with pytest.raises(ArgumentError, match=match):
         call()
+
+
+def test_batch_norms_take_tensornets_defaults():
+    import torch
+
+    from tnrec.layers import BatchNormalization, PCTRBatchNormalization
+
+    bn = tnc.TNBatchNormalization(3)
+    assert type(bn) is BatchNormalization
+    assert (bn.synchronized, bn.sync_freq, bn.max_count, bn.momentum) == (False, 1, 100_000, 0.99)
+    pctr = tnc.PCTRDNNBatchNormalization(3, synchronized=True, sync_freq=4)
+    assert type(pctr) is PCTRBatchNormalization
+    assert (pctr.synchronized, pctr.sync_freq) == (True, 4)
+    # the same statistics as the tnrec layer built with the same arguments
+    x = torch.tensor([[1.0, 2.0, 3.0], [3.0, -2.0, 0.5]])
+    ref = BatchNormalization(3, synchronized=False)
+    bn.train()
+    ref.train()
+    torch.testing.assert_close(bn(x), ref(x), rtol=0, atol=0)
