@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tnrec import feature_column as fc
 from tnrec.errors import ArgumentError
@@ -298,24 +299,12 @@ def TNBatchNormalization(  # noqa: N802 -- TensorNet's name
 
 
 def PCTRDNNBatchNormalization(  # noqa: N802 -- TensorNet's name
-    num_features: int,
-    center: bool = True,
-    scale: bool = True,
-    epsilon: float = 1e-5,
-    momentum: float = 0.99,
-    name: str | None = None,
-    synchronized: bool = False,
-    sync_freq: int = 1,
-    max_count: int = 100_000,
+    num_features: int, **kwargs: Any
 ) -> PCTRBatchNormalization:
-    """Return TensorNet's ``PCTRDNNBatchNormalization`` with its defaults."""
-    return PCTRBatchNormalization(
-        num_features,
-        center=center,
-        scale=scale,
-        epsilon=epsilon,
-        momentum=momentum,
-        synchronized=synchronized,
-        sync_freq=sync_freq,
-        max_count=max_count,
-    )
+    """Return TensorNet's ``PCTRDNNBatchNormalization`` (the arguments of the one above).
+
+    Only ``synchronized``'s default differs from tnrec's layer; ``name`` is accepted
+    and not used, as above.
+    """
+    kwargs.pop("name", None)
+    return PCTRBatchNormalization(num_features, **{"synchronized": False, **kwargs})
