@@ -8,7 +8,7 @@ Every key, with its default::
     # [[columns]]
     # type = "category"            # category | numeric | bucketized
     # key = "user_id"
-    # dtype = "int"                # category: int | str
+    # dtype = "int"                # category: int | str | sign (64-bit signs, unhashed)
     # embedding_share = "user"     # category, optional
     # default = 0.0                # numeric, bucketized
     # transforms = [{type = "log1p"}, {type = "standardize", mean = 1.0, std = 2.0}]
