@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -63,12 +64,12 @@ def _in_range(cls: str, name: str, value: Any, low: float, high: float, low_open
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(abc.ABC):
     """Base of the schedules: ``schedule(step)`` is the factor of the base learning rate."""
 
+    @abc.abstractmethod
     def __call__(self, step: int) -> float:
         """Return the factor of the base learning rate at global step ``step`` (>= 0)."""
-        raise NotImplementedError
 
     def get_config(self) -> dict[str, Any]:
         """Return a JSON-ready description: ``type`` and the arguments (nested ``then``)."""
