@@ -101,10 +101,7 @@ def _policy(
             f"{where}: `elimination_logic` must be 0 (either test deletes) or 1 (both must). "
             f"Received: elimination_logic={elimination_logic!r}."
         )
-    if not isinstance(show_threshold, (int, float)) or isinstance(show_threshold, bool):
-        raise ArgumentError(
-            f"{where}: `show_threshold` must be a number. Received: {show_threshold!r}."
-        )
+    _number(where, "show_threshold", show_threshold)
     return EvictionPolicy(
         show_decay_rate=show_decay_rate,
         show_threshold=float(show_threshold) if show_threshold > 0 else None,
@@ -113,11 +110,13 @@ def _policy(
     )
 
 
+def _number(where: str, name: str, value: object) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ArgumentError(f"{where}: `{name}` must be a number. Received: {name}={value!r}.")
+
+
 def _scale(where: str, initial_scale: float) -> Initializer:
-    if not isinstance(initial_scale, (int, float)) or isinstance(initial_scale, bool):
-        raise ArgumentError(
-            f"{where}: `initial_scale` must be a number. Received: {initial_scale!r}."
-        )
+    _number(where, "initial_scale", initial_scale)
     return normal(float(initial_scale))
 
 
@@ -133,7 +132,7 @@ def AdaGrad(  # noqa: N802 -- TensorNet's name
     no_show_days: int = 1000,
     elimination_logic: int = 0,
 ) -> SparseSettings:
-    """Return TensorNet's ``tn.core.AdaGrad(...)`` with its defaults, as tnrec settings.
+    """Return TensorNet's ``tensornet.core.AdaGrad(...)`` with its defaults, as tnrec settings.
 
     ``grad_decay_rate`` and ``mom_decay_rate`` act only in TensorNet's dense
     AdaGrad; its sparse rule never reads them, so a value other than 1.0 is
@@ -165,7 +164,7 @@ def Adam(  # noqa: N802 -- TensorNet's name
     epsilon: float = 1e-8,
     initial_scale: float = 1.0,
 ) -> SparseSettings:
-    """Return TensorNet's ``tn.core.Adam(...)``: Adam without bias correction, no eviction.
+    """Return TensorNet's ``tensornet.core.Adam(...)``: Adam without bias correction, no eviction.
 
     TensorNet's ``learning_rate`` has no default; 0.001 is Adam's usual one.
     """
@@ -191,7 +190,7 @@ def Ftrl(  # noqa: N802 -- TensorNet's name
     lambda2: float = 1.0,
     initial_scale: float = 1.0,
 ) -> SparseSettings:
-    """Return TensorNet's ``tn.core.Ftrl(...)``: ``alpha = 1 / learning_rate``.
+    """Return TensorNet's ``tensornet.core.Ftrl(...)``: ``alpha = 1 / learning_rate``.
 
     TensorNet's ``learning_rate`` has no default; 0.05 gives tnrec's ``alpha`` 20.
 
@@ -241,7 +240,7 @@ def EmbeddingFeatures(  # noqa: N802 -- TensorNet's name
     target_columns: Sequence[str] | None = None,
     embedding_share: str | None = None,
 ) -> _EmbeddingFeatures:
-    """Return TensorNet's ``tn.layers.EmbeddingFeatures`` as a tnrec layer.
+    """Return TensorNet's ``tensornet.layers.EmbeddingFeatures`` as a tnrec layer.
 
     ``is_concat`` is ``output="concat"``; ``embedding_share`` names the shared
     table (``table=``); ``target_columns`` turns on CVM (``cvm=True``; the click
