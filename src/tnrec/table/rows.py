@@ -345,13 +345,24 @@ def create_rows(
     D: int,
     S: int,
     generation: np.int32,
+    out: np.ndarray,
+    dest: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    """Initialise new rows: weights from the initializer, fresh state and statistics."""
+    """Initialise new rows: weights from the initializer, fresh state and statistics.
+
+    With ``dest`` (``int64[n]``, else empty) also copy row ``i``'s weights into
+    ``out[dest[i]]``, while they are in cache.
+    """
+    copy = dest.shape[0] > 0
     for i in range(rows.shape[0]):
         r = rows[i]
         c = row_f32(bases, r, shift, lmask, stride)
         ci = row_i32(bases, r, shift, lmask, stride)
         init_weights(c, keys[i], table_seed, init_kind, init_param, D)
+        if copy:
+            o = dest[i]
+            for j in range(D):
+                out[o, j] = c[j]
         init_state(opt_kind, c, ci, hp, D, S)
         c[D + S] = 0.0
         c[D + S + 1] = 0.0

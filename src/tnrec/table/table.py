@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from tnrec.table.capacity import MemoryBudget
 
 Keys = npt.NDArray[np.int64]
+_NO_OUT = np.empty((0, 0), np.float32)  # create_rows without a copy of the new weights
+_NO_DEST = np.empty(0, np.intp)
 
 
 @dataclass(frozen=True)
@@ -368,11 +370,7 @@ class SparseTable(RowAccess):
             if self.admission is not None:
                 where = self._admit(keys, where, out)
             if where.shape[0]:
-                new_rows = self._insert(keys[where])
-                fresh = np.empty((where.shape[0], self.dim), dtype=np.float32)  # [m, D]
-                rows.gather(*st.loc, new_rows, self.dim, fresh)
-                out[where] = fresh
-                rws[where] = new_rows
+                rws[where] = self._insert(keys[where], into=(out, where))
         self._last_lookup = (keys.copy(), rws, self._key_version)
         return out
 
@@ -439,9 +437,17 @@ class SparseTable(RowAccess):
             return None
         return last[1]
 
-    def _insert(self, keys: Keys, initialise: bool = True) -> npt.NDArray[np.int32]:
+    def _insert(
+        self,
+        keys: Keys,
+        initialise: bool = True,
+        into: tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]] | None = None,
+    ) -> npt.NDArray[np.int32]:
         """Insert absent ``keys`` (unique, none present); return their rows, initialised
-        unless ``initialise`` is False (the caller writes every slot of them)."""
+        unless ``initialise`` is False (the caller writes every slot of them).
+
+        ``into=(out, where)`` also writes key ``i``'s initial weights to ``out[where[i]]``.
+        """
         n = keys.shape[0]
         out_rows = np.empty(n, dtype=np.int32)
         st = self._store
@@ -480,11 +486,12 @@ class SparseTable(RowAccess):
         loc, seed, init = st.loc, self._table_seed, self.initializer
         kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
         gen = np.int32(self.generation)
+        out, dest = into if into is not None else (_NO_OUT, _NO_DEST)
         threads.run(
             threads.slices(n),
             lambda a, b: rows.create_rows(
                 *loc, keys[a:b], out_rows[a:b], seed, init.code(), init.param,
-                kind, hp, dim, width, gen,
+                kind, hp, dim, width, gen, out, dest[a:b],
             ),
         )  # fmt: skip
         return out_rows
