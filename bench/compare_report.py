@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from compare_impls import IMPLS
+from machine_state import MachineState, check_runs, mark
 
 
 def _fmt_range(v: list[float], scale: float = 1e-3, digits: int = 1) -> str:
@@ -27,17 +28,50 @@ def _fmt_ratio(v: list[float], suffix: str = "") -> str:
     return f"{np.median(v):.2f}{suffix} ({min(v):.2f}-{max(v):.2f})"
 
 
+def _state(run: dict) -> MachineState | None:
+    return MachineState.from_dict(run["machine"]) if "machine" in run else None
+
+
+def machine_runs(
+    results: dict[str, dict[str, list[dict]]], prefix: str = ""
+) -> list[tuple[str, MachineState | None]]:
+    """``(label, state)`` of every run, the label naming the run and its samples/s."""
+    out = []
+    for model, by_impl in results.items():
+        for impl, runs in by_impl.items():
+            for r, run in enumerate(runs):
+                fig = (
+                    f"{run['samples_per_s'] / 1e6:.3f} M samples/s"
+                    if "samples_per_s" in run
+                    else "failed"
+                )
+                out.append((f"{prefix}{model} {impl} r{r}: {fig}", _state(run)))
+    return out
+
+
+def _fmt_machine(runs: list[dict]) -> tuple[str, str, str]:
+    """The busy mark, median other cores and highest load average of a row's runs."""
+    states = [s for s in map(_state, runs) if s is not None]
+    if not states:
+        return "", "-", "-"
+    busy = "".join(dict.fromkeys(mark(s) for s in states))
+    others = float(np.median([s.other_cores for s in states]))
+    return busy, f"{others:.2f}", f"{max(s.load1_max for s in states):.1f}"
+
+
 def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> str:
     lines = [
         "samples/s in thousands: median (min-max) of the interleaved repeats; step ms: median "
         "step; AUC on the held-out split after one pass (median); peak RSS of the run's process "
         "(MiB, median); the ratios are taken within each repeat (its runs ran one after "
-        "another), then the median (min-max) over the repeats",
+        "another), then the median (min-max) over the repeats; others: cores other processes "
+        "kept busy during a run (median of the row's runs); load: the highest 1-minute load "
+        "average at a run's start or end; * a run taken while the machine was busy (below)",
         "",
-        "model   impl      ksamples/s               step ms  AUC     collisions  peak RSS  "
-        "vs tnrec            step/dense",
-        "------  --------  -----------------------  -------  ------  ----------  --------  "
-        "------------------  ----------------",
+        "model   impl      ksamples/s                step ms  AUC     collisions  peak RSS  "
+        "vs tnrec            step/dense        others  load",
+        "------  --------  ------------------------  -------  ------  ----------  --------  "
+        "------------------  ----------------  ------  ----",
     ]
     for model, by_impl in results.items():
         tn_runs = by_impl.get("tnrec", [])
@@ -61,12 +95,14 @@ def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> st
             over = (
                 _fmt_ratio(_paired(runs, dense_runs, "step_ms_median")) if impl != "dense" else "-"
             )
+            busy, others, load = _fmt_machine(runs)
             lines.append(
-                f"{model:6}  {impl:8}  {_fmt_range(sps):23}  {ms:7.2f}  {auc:6}  {coll:>10}  "
-                f"{rss:8.0f}  {ratio:>18}  {over:>16}"
+                f"{model:6}  {impl:8}  {_fmt_range(sps) + busy:24}  {ms:7.2f}  {auc:6}  "
+                f"{coll:>10}  {rss:8.0f}  {ratio:>18}  {over:>16}  {others:>6}  {load:>4}"
             )
     lines.append("")
     lines.append("vs tnrec = tnrec samples/s / this row's samples/s (> 1: tnrec faster)")
+    lines += check_runs(machine_runs(results), strict=False)
     for model, by_impl in results.items():
         for r in by_impl.get("tnrec", []):
             if "split_ms" in r:

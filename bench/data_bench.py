@@ -19,6 +19,11 @@ Then TFRecord's parts on their own: CRC32C throughput, and the decoding of
 ``tf.train.Example`` records by tnrec's numba kernels against the ``protobuf``
 package (parse each record, move its values into Python lists: the least a
 reader built on it would do).
+
+Each row (and the TFRecord parts) records the machine's state
+(``machine_state.py``): "others" is the cores other processes kept busy during
+its epochs, ``*`` marks a row taken on a busy machine, and ``--strict``
+refuses the figures instead.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 import tnrec.data as td
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
 from tnrec.data import _tfframe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,6 +148,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--step-ms", type=float, default=10.0)
+    add_strict_flag(ap)
     args = ap.parse_args()
     os.environ.setdefault(
         "NUMBA_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".numba_cache")
@@ -155,18 +162,36 @@ def main() -> None:
             f"TFRecord {tfrecord.stat().st_size / 2**20:.1f} MiB; batch {args.batch_size}; "
             f"{os.cpu_count()} CPUs\n"
         )
-        print(f"| format | prefetch | rows/s | input wait with a {args.step_ms:g} ms step |")
-        print("|---|---|---|---|")
+        rows: list[str] = []
+        states: list[tuple[str, MachineState | None]] = []
         for kind, path in (("Criteo TSV", tsv), ("Parquet", parquet), ("TFRecord", tfrecord)):
             epoch(make_reader(kind, path, args.batch_size, 0))  # warm-up: numba cache, page cache
             for prefetch in (0, 4):
-                n, dt = epoch(make_reader(kind, path, args.batch_size, prefetch))
-                r = make_reader(kind, path, args.batch_size, prefetch)
-                _, wall = epoch(r, args.step_ms / 1000)
+                with MachineWatch() as watch:  # the prefetch thread is this process's own
+                    n, dt = epoch(make_reader(kind, path, args.batch_size, prefetch))
+                    r = make_reader(kind, path, args.batch_size, prefetch)
+                    _, wall = epoch(r, args.step_ms / 1000)
                 share = r.stats.input_wait_s / wall
                 label = "off (1 thread)" if prefetch == 0 else f"{prefetch} batches"
-                print(f"| {kind} | {label} | {n / dt:,.0f} | {100 * share:.1f}% |")
-        print("\n" + decode_costs(Path(tmp), examples))
+                st = watch.state
+                rows.append(
+                    f"| {kind} | {label} | {n / dt:,.0f}{mark(st)} | {100 * share:.1f}% | "
+                    f"{st.other_cores:.2f} |"
+                )
+                states.append((f"{kind}, prefetch {prefetch}: {n / dt:,.0f} rows/s", st))
+        with MachineWatch() as watch:
+            parts = decode_costs(Path(tmp), examples)
+        states.append(("TFRecord parts", watch.state))
+        check_runs(states, args.strict)
+        print(
+            f"| format | prefetch | rows/s | input wait with a {args.step_ms:g} ms step | others |"
+        )
+        print("|---|---|---|---|---|")
+        print("\n".join(rows))
+        print("\nothers: cores other processes kept busy during the row's two epochs")
+        for line in check_runs(states, strict=False):
+            print(line)
+        print(f"\n{parts}{mark(watch.state)}; {watch.state.summary()}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ rank 0. Bytes are what rank 0 sent to other workers in all_to_all calls,
 against the minimum the design allows: 8 bytes per key sent to another
 owner, 4*D bytes per row returned to another worker, 4*D + 8 per pushed key
 to another owner; the dense all-reduce (ring: 2*(W-1)/W of its size) is
-listed apart.
+listed apart. Each world's run records the machine's state (``machine_state.py``):
+"others" is the cores other processes kept busy during it, ``*`` marks a run
+taken on a busy machine, ``--strict`` refuses the figures instead.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import time
 
 import numpy as np
 import torch
+
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
 
 NUM_CAT, NUM_DENSE, DIM = 26, 13, 16
 
@@ -87,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     for b in data[args.warmup :]:
         t0 = time.perf_counter()
-        rows, weight = model._global_size(b)
+        rows, weight = model._global_size(b, "dist_bench")  # `where`: names the step in errors
         step = model.pull(b)
         t1 = time.perf_counter()
         loss, _ = model.compute_loss(b, model(b), norm=weight)
@@ -151,6 +155,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
+    add_strict_flag(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -185,29 +190,38 @@ def main() -> None:
                 out,
             ]
             env = dict(os.environ, OMP_NUM_THREADS="1")
-            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+            with MachineWatch() as watch:  # torchrun and its workers are waited for: own CPU
+                subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
             with open(out) as f:
-                rows.append(json.load(f))
+                rows.append({**json.load(f), "machine": watch.state})
+    states: list[tuple[str, MachineState | None]] = [
+        (f"W={r['world']}: {r['samples_per_s_total']:,.0f} samples/s", r["machine"]) for r in rows
+    ]
+    check_runs(states, args.strict)
     print(
         f"DeepFM, batch {args.batch} per worker, {args.steps} steps, 1 thread per worker, "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"load average {os.getloadavg()[0]:.1f}; others = cores other processes kept busy "
+        "during the run"
     )
     head = (
         f"{'W':>2} {'step ms':>8} {'samples/s':>10} {'pull':>6} {'fwd/bwd':>8} {'push':>6} "
         f"{'dense':>6} {'exch ms':>8} {'allred ms':>9} {'MB sent':>8} {'MB min':>7} {'ratio':>6} "
-        f"{'dense AR MB':>11}"
+        f"{'dense AR MB':>11} {'others':>7} {'load':>9}"
     )
     print(head)
     for r in rows:
-        s = r["split_ms"]
+        s, st = r["split_ms"], r["machine"]
         sent, mini = r["bytes_sent_per_step"] / 1e6, r["bytes_minimum_per_step"] / 1e6
         ratio = f"{sent / mini:.2f}" if mini else "-"
         print(
             f"{r['world']:>2} {r['step_ms']:>8.1f} {r['samples_per_s_total']:>10,.0f} "
             f"{s['pull']:>6.1f} {s['forward/backward']:>8.1f} {s['push']:>6.1f} "
             f"{s['dense step']:>6.1f} {r['exchange_ms']:>8.1f} {r['allreduce_ms']:>9.1f} "
-            f"{sent:>8.2f} {mini:>7.2f} {ratio:>6} {r['dense_allreduce_bytes'] / 1e6:>11.2f}"
+            f"{sent:>8.2f} {mini:>7.2f} {ratio:>6} {r['dense_allreduce_bytes'] / 1e6:>11.2f} "
+            f"{st.other_cores:>6.2f}{mark(st) or ' '} {st.load1_before:>4.2f}/{st.load1_after:.2f}"
         )
+    for line in check_runs(states, strict=False):
+        print(line)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,11 @@ Usage::
     python bench/scale_bench.py --keys 1m --dir /data # files under /data
 
 Run it on a quiet machine: a warning is printed when the 1-minute load average
-is above 1.5 at the start. This file is never collected by pytest.
+is above 1.5 at the start, and each worker records the machine's state
+(``machine_state.py``): "others" is the most cores other processes kept busy
+during a setting's two workers, ``*`` marks a setting with a worker run on a
+busy machine, and ``--strict`` refuses the figures instead. This file is never
+collected by pytest.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
 from table_bench import (
     f0,
     f1,
@@ -453,14 +458,18 @@ def run_setting(keys: int, args: argparse.Namespace, root: str, export_fn: str |
             "export_fn": export_fn,
         }
         t0 = time.perf_counter()
-        res.update(run_worker(spec, args.timeout_s))
+        with MachineWatch() as watch:  # the worker (and its dd) is waited for: own CPU
+            res.update(run_worker(spec, args.timeout_s))
         res["table_wall_s"] = time.perf_counter() - t0
+        res["machine_table"] = watch.state.to_dict()
         if "error" in res:
             return res
         drop_tree_cache(save_dir)
         t0 = time.perf_counter()
-        res.update(run_worker({**base, "kind": "load"}, args.timeout_s))
+        with MachineWatch() as watch:
+            res.update(run_worker({**base, "kind": "load"}, args.timeout_s))
         res["load_wall_s"] = time.perf_counter() - t0
+        res["machine_load"] = watch.state.to_dict()
         if "error" not in res:
             res["load_mb_s"] = res["saved_bytes"] / res["load_s"] / MB
             res["save_of_dd"] = res["save_mb_s"] / res["dd_write_mb_s"]
@@ -495,6 +504,35 @@ COLUMNS = [
 ]
 
 
+def _states(r: dict[str, Any]) -> list[tuple[str, MachineState]]:
+    """``(worker, state)`` of a setting's workers that ran."""
+    return [
+        (w, MachineState.from_dict(r[f"machine_{w}"]))
+        for w in ("table", "load")
+        if f"machine_{w}" in r
+    ]
+
+
+def _others_cell(r: dict[str, Any]) -> str:
+    states = [s for _, s in _states(r)]
+    if not states:
+        return "-"
+    busy = "".join(dict.fromkeys(mark(s) for s in states))
+    return f"{max(s.other_cores for s in states):.2f}{busy}"
+
+
+def machine_runs(results: list[dict[str, Any]]) -> list[tuple[str, MachineState | None]]:
+    """``(label, state)`` of every worker, the label naming the setting and its figures."""
+    figures = {"table": ("fill_mkeys_s", "Mkeys/s fill"), "load": ("load_mb_s", "MB/s load")}
+    out: list[tuple[str, MachineState | None]] = []
+    for r in results:
+        for w, st in _states(r):
+            key, unit = figures[w]
+            fig = f"{r[key]:.1f} {unit}" if key in r else r.get("error", "failed")
+            out.append((f"{human(r['keys'])} keys, {w} worker: {fig}", st))
+    return out
+
+
 def targets(r: dict[str, Any]) -> str:
     """Say which of issue 16's targets one setting meets (B/key counts at 100M keys)."""
     checks = [
@@ -512,10 +550,16 @@ def report(results: list[dict[str, Any]], notes: list[str]) -> str:
     out = [
         f"SparseTable dim {results[0]['dim']}, row-wise AdaGrad. fill/pull/push in Mkeys/s "
         "(pull/push: best batch); MB = 10^6 B; save peak/table = 1 + RSS growth during the "
-        "save / bytes_held; load peak = the loading process's peak RSS",
+        "save / bytes_held; load peak = the loading process's peak RSS; others = the most cores "
+        "other processes kept busy during the setting's workers (* busy, below)",
         fmt_table(
-            ["keys", *(c[0] for c in COLUMNS)],
-            [[human(r["keys"])] + [fmt(r.get(key)) for _, key, fmt in COLUMNS] for r in ok],
+            ["keys", *(c[0] for c in COLUMNS), "others"],
+            [
+                [human(r["keys"])]
+                + [fmt(r.get(key)) for _, key, fmt in COLUMNS]
+                + [_others_cell(r)]
+                for r in ok
+            ],
         ),
         "",
     ]
@@ -533,9 +577,11 @@ def report(results: list[dict[str, Any]], notes: list[str]) -> str:
                 f"{r['export_peak_growth_bytes'] / 2**20:.0f} MiB"
             )
         out.append("  targets: " + targets(r))
+        out.append("  machine: " + "; ".join(f"{w} worker: {s.summary()}" for w, s in _states(r)))
     if ok and ok[0].get("load_index_s") is None:
         notes = [*notes, "index rebuild time: not exposed by SparseTable.load; load s is the total"]
     out += [f"note: {n}" for n in notes]
+    out += check_runs(machine_runs(results), strict=False)
     failed = [r for r in results if "error" in r]
     out += ["", "failed settings:"] * bool(failed)
     out += [f"  {human(r['keys'])} keys: {r['error']}" for r in failed]
@@ -560,6 +606,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="200k keys: a smoke test in seconds")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="limit per worker process")
+    add_strict_flag(p)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.keys = [parse_count(k) for k in args.keys.split(",")]
@@ -625,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     load_end = os.getloadavg()
     threads = next((r["tnrec_threads"] for r in results if "tnrec_threads" in r), "-")
+    check_runs(machine_runs(results), args.strict)
     print()
     print(report(results, notes))
     print(

@@ -23,7 +23,10 @@ seconds each (at most ``--max-calls`` calls a round), after a warm-up, so a
 change of the machine's load reaches both. p50/p99 are over the calls of all
 rounds; rows/s is rows / time over all of them. The load average is printed
 before and after: figures taken with a load average above ~1.2 on 2 cores
-were taken beside other work.
+were taken beside other work. The timed calls also record the machine's state
+(``machine_state.py``, printed under the table): the cores other processes kept
+busy meanwhile; the table is marked when that passes the busy rule, and
+``--strict`` refuses it instead.
 
 ``--http`` then runs the service benchmark, ``bench/serve_http_bench.py``
 (``tnrec serve`` over HTTP on 127.0.0.1 with an open-loop client: latency at
@@ -44,6 +47,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+
+from machine_state import MachineWatch, add_strict_flag, check_runs
 
 BATCHES = (1, 16, 256, 1024)
 
@@ -202,6 +207,7 @@ def main() -> None:
     ap.add_argument(
         "--http", nargs=argparse.REMAINDER, help="then the HTTP benchmark, with these arguments"
     )
+    add_strict_flag(ap)
     args = ap.parse_args()
     print(f"before: {_load()}")
     with tempfile.TemporaryDirectory() as d:
@@ -217,19 +223,25 @@ def main() -> None:
                 f"{args.model}, trained on {args.rows:,} synthetic Criteo-schema rows "
                 f"({time.perf_counter() - t0:.0f} s with the export)"
             )
-        results = in_process(
-            export,
-            data,
-            tuple(args.batches),
-            form=args.form,
-            duration_s=args.duration,
-            rounds=args.rounds,
-            windows=args.windows,
-            max_calls=args.max_calls,
-        )
+        with MachineWatch() as watch:
+            results = in_process(
+                export,
+                data,
+                tuple(args.batches),
+                form=args.form,
+                duration_s=args.duration,
+                rounds=args.rounds,
+                windows=args.windows,
+                max_calls=args.max_calls,
+            )
+    states = [("in-process table (every batch size)", watch.state)]
+    check_runs(states, args.strict)
     print(f"\n{what}; in process, 1 torch thread, input: {args.form}\n")
     print_in_process(results)
-    print(f"\nafter: {_load()}")
+    print(f"\nduring the timed calls: {watch.state.summary()} (other processes' mean cores)")
+    for line in check_runs(states, strict=False):
+        print(line)
+    print(f"after: {_load()}")
     if args.http is not None:
         here = os.path.dirname(os.path.abspath(__file__))
         cmd = [sys.executable, os.path.join(here, "serve_http_bench.py"), *args.http]

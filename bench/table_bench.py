@@ -31,8 +31,11 @@ Usage::
 Defaults: dims 8, 16, 64 at 1M keys, plus dim 8 at 10M keys. torch runs with
 its default thread count and tnrec's table kernels with theirs
 (``tnrec.table.get_num_threads()``, ``TNREC_TABLE_THREADS`` to change it); both
-are printed under the tables. This file is never collected
-by pytest.
+are printed under the tables. Each measurement records the machine's state
+(``machine_state.py``): the tables print the cores other processes kept busy
+during it (median over the rounds) and mark a case with ``*`` when one of its
+runs was taken on a busy machine; ``--strict`` refuses those figures instead.
+This file is never collected by pytest.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 MAX_DIM_100M = 16
@@ -402,8 +407,33 @@ def _median_by_case(ok: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if isinstance(v, float | int) and not isinstance(v, bool) and key not in _IDENTITY:
                 m[key] = float(np.median([r[key] for r in rs]))
         m["rounds"] = len(rs)
+        m["others"] = _others_cell([r.get("machine") for r in rs])
         merged.append(m)
     return merged
+
+
+def _others_cell(machines: list[dict[str, Any] | None]) -> str:
+    """Median cores others kept busy over a case's rounds, ``*`` when a round was busy."""
+    states = [MachineState.from_dict(m) for m in machines if m]
+    if not states:
+        return "-"
+    busy = "".join(dict.fromkeys(mark(s) for s in states))
+    return f"{float(np.median([s.other_cores for s in states])):.2f}{busy}"
+
+
+HEADLINE = {"tnrec": "pull_mkeys_s", "index_select": "index_select_mkeys_s"}
+
+
+def machine_runs(results: list[dict[str, Any]]) -> list[tuple[str, MachineState | None]]:
+    """``(label, state)`` of every measurement, the label naming it and its headline rate."""
+    out = []
+    for r in results:
+        key = HEADLINE.get(r["kind"], "step_mkeys_s")
+        fig = f"{key.removesuffix('_mkeys_s')} {r[key]:.1f} Mkeys/s" if key in r else "failed"
+        what = r.get("optimizer", r["kind"])
+        label = f"round {r['round']} dim {r['dim']} keys {human(r['keys'])} {what}: {fig}"
+        out.append((label, MachineState.from_dict(r["machine"]) if "machine" in r else None))
+    return out
 
 
 def _ratios(ok: list[dict[str, Any]], d: int, k: int) -> tuple[list[float], list[float]]:
@@ -441,12 +471,14 @@ def report(results: list[dict[str, Any]]) -> str:
     ok = _median_by_case(raw)
     out = [
         "tnrec SparseTable: Mkeys/s = unique keys per second in the best batch; "
-        "fill = pull(create=True) of new keys; RSS before = after imports, before the table",
+        "fill = pull(create=True) of new keys; RSS before = after imports, before the table; "
+        "others = cores other processes kept busy during the measurement (* busy, below)",
         fmt_table(
-            ["dim", "keys", "optimizer", *(c[0] for c in TNREC_COLUMNS)],
+            ["dim", "keys", "optimizer", *(c[0] for c in TNREC_COLUMNS), "others"],
             [
                 [str(r["dim"]), human(r["keys"]), r["optimizer"]]
                 + [fmt(r[key]) for _, key, fmt in TNREC_COLUMNS]
+                + [r["others"]]
                 for r in ok
                 if r["kind"] == "tnrec"
             ],
@@ -455,13 +487,13 @@ def report(results: list[dict[str, Any]]) -> str:
     ]
     refs = [
         [str(r["dim"]), human(r["keys"]), label, f1(r[key]), f0(r["bytes_per_key_rss"]),
-         mib(r["peak_rss_bytes"])]
+         mib(r["peak_rss_bytes"]), r["others"]]
         for r in ok
         for kind, label, key in REFERENCES
         if r["kind"] == kind
     ]  # fmt: skip
     if refs:
-        header = ["dim", "keys", "reference", "Mkeys/s", "B/key RSS", "peak RSS MiB"]
+        header = ["dim", "keys", "reference", "Mkeys/s", "B/key RSS", "peak RSS MiB", "others"]
         out += ["", "torch references (same rows, same batches)", fmt_table(header, refs, left=3)]
         ratios = []
         for d, k in dict.fromkeys((r["dim"], r["keys"]) for r in ok):
@@ -474,6 +506,7 @@ def report(results: list[dict[str, Any]]) -> str:
     }
     if threads:
         out += ["", "threads (defaults): " + ", ".join(f"{k} {v}" for k, v in threads.items())]
+    out += check_runs(machine_runs(results), strict=False)
     failed = [r for r in results if "error" in r]
     out += ["", "failed measurements:"] * bool(failed)
     out += [
@@ -507,6 +540,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in seconds")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     p.add_argument("--timeout-s", type=float, default=900.0, help="limit per measurement")
+    add_strict_flag(p)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.dims = [int(d) for d in args.dims.split(",")]
@@ -550,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         print("note: " + n, flush=True)
     results: list[dict[str, Any]] = []
     t_start = time.perf_counter()
+    whole = MachineWatch().start()
     with tempfile.TemporaryDirectory(prefix="table_bench_") as tmp:
         batch_files: dict[int, str] = {}
         for rnd in range(args.rounds):
@@ -570,7 +605,9 @@ def main(argv: list[str] | None = None) -> int:
                     specs += [{**base, "kind": "index_select"}, {**base, "kind": "embedding"}]
                 for spec in specs:
                     t0 = time.perf_counter()
-                    res = run_worker(spec, args.timeout_s)
+                    with MachineWatch() as watch:  # the worker is waited for: its CPU is own
+                        res = run_worker(spec, args.timeout_s)
+                    res["machine"] = watch.state.to_dict()
                     res.pop("batches_file")
                     res["wall_s"] = round(time.perf_counter() - t0, 2)
                     res["round"] = rnd
@@ -579,17 +616,22 @@ def main(argv: list[str] | None = None) -> int:
                     status = res.get("error", "ok")
                     print(
                         f"  round {rnd} dim {d:>3} keys {human(k):>5} {what:<13} "
-                        f"{res['wall_s']:6.1f} s  {status}",
+                        f"{res['wall_s']:6.1f} s  {status}; {watch.state.summary()}",
                         file=sys.stderr,
                         flush=True,
                     )
+    whole.stop()
+    check_runs(machine_runs(results), args.strict)
     print()
     print(report(results))
-    print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s")
+    print(
+        f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; over the whole run "
+        f"{whole.state.summary()} (load average before/after)"
+    )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         doc = {
-            "machine": info,
+            "machine": {**info, "whole_run": whole.state.to_dict()},
             "args": {k: v for k, v in vars(args).items() if k not in ("out", "worker")},
             "notes": notes,
             "results": results,

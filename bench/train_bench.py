@@ -24,7 +24,10 @@ Per-step split (ms): input wait (time blocked on the reader), unique+pull
 forward/backward, push (tnrec: table update; ref: the AdaGrad row update),
 dense step (Adam). "dense only" is forward/backward/Adam of the dense part
 alone on pooled inputs (``forward_dense``), the floor for both. samples/s is
-batch / mean step time, measured after ``--warmup`` steps.
+batch / mean step time, measured after ``--warmup`` steps. Each system's loop
+records the machine's state (``machine_state.py``): "others" is the cores other
+processes kept busy during it, ``*`` marks a loop run on a busy machine, and
+``--strict`` refuses the figures instead.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import tnrec as tn
+from machine_state import MachineWatch, add_strict_flag, check_runs, mark
 from tnrec.data.synthetic import SyntheticConfig, generate
 from tnrec.models import DeepFM
 from tnrec.optimizer import AdaGrad, Adam
@@ -202,6 +206,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: no oversubscription)")
     p.add_argument("--ref-rows", type=int, default=1 << 18, help="rows per reference table")
     p.add_argument("--data", help="existing synthetic data dir (default: generate to a temp dir)")
+    add_strict_flag(p)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     out = a.data or tempfile.mkdtemp(prefix="tnrec-train-bench-")
@@ -220,23 +225,41 @@ def main() -> None:
     model = DeepFM(cols, 16, hidden, AdaGrad(0.05), Adam(1e-3))
     model.compile()
     model.train()
-    tn_ms = loop(reader(files, a.batch), a.steps, a.warmup, tnrec_step(model))
+    with MachineWatch() as tn_watch:  # the reader's prefetch thread is this process's own
+        tn_ms = loop(reader(files, a.batch), a.steps, a.warmup, tnrec_step(model))
     tables = {k: len(t) for k, t in model.tables.items()}
 
     torch.manual_seed(0)
     ref = RefDeepFM([f"C{j}" for j in range(1, 27)], a.ref_rows, 16, hidden, 13)
-    ref_ms = loop(reader(files, a.batch), a.steps, a.warmup, ref_step(ref, 0.05))
-    dense_ms = dense_only_ms(DeepFM(cols, 16, hidden), a.batch, max(5, a.steps // 2))
+    with MachineWatch() as ref_watch:
+        ref_ms = loop(reader(files, a.batch), a.steps, a.warmup, ref_step(ref, 0.05))
+    with MachineWatch() as dense_watch:
+        dense_ms = dense_only_ms(DeepFM(cols, 16, hidden), a.batch, max(5, a.steps // 2))
+    tn_step, ref_step_ms = tn_ms.sum(1).mean(), ref_ms.sum(1).mean()
+    states = [
+        (f"tnrec: {a.batch / tn_step * 1e3:,.0f} samples/s", tn_watch.state),
+        (f"torch-ref: {a.batch / ref_step_ms * 1e3:,.0f} samples/s", ref_watch.state),
+        (f"dense only: {dense_ms:.1f} ms/step", dense_watch.state),
+    ]
+    check_runs(states, a.strict)
 
     print(f"\n{'ms/step (mean)':<20}{'tnrec':>12}{'torch-ref':>12}")
     for i, name in enumerate(PARTS):
         print(f"{name:<20}{tn_ms[:, i].mean():>12.1f}{ref_ms[:, i].mean():>12.1f}")
-    tn_step, ref_step_ms = tn_ms.sum(1).mean(), ref_ms.sum(1).mean()
     print(f"{'step':<20}{tn_step:>12.1f}{ref_step_ms:>12.1f}")
     print(f"{'dense only':<20}{dense_ms:>12.1f}{dense_ms:>12.1f}")
     print(
         f"{'samples/s':<20}{a.batch / tn_step * 1e3:>12,.0f}{a.batch / ref_step_ms * 1e3:>12,.0f}"
     )
+    cells = [f"{s.other_cores:.2f}{mark(s) or ' '}" for _, s in states[:2]]
+    print(f"{'others (cores)':<20}{cells[0]:>12}{cells[1]:>12}")
+    print(
+        f"{'load before/after':<20}"
+        + "".join(f"{f'{s.load1_before:.2f}/{s.load1_after:.2f} ':>12}" for _, s in states[:2])
+    )
+    print(f"dense only: {dense_watch.state.summary()}")
+    for line in check_runs(states, strict=False):
+        print(line)
     print(
         f"\ntnrec table rows after the run: {tables}; reference: 26 x {a.ref_rows} rows x 2 tables"
     )
