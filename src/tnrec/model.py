@@ -634,11 +634,12 @@ class Model(TrainingLoops, torch.nn.Module):
         Each worker back-propagates its own rows' term; the terms of all workers
         add up to the loss one worker would compute on the global batch.
         """
-        w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
+        w = batch.weights
+        rows_weight = float(w.sum()) if w is not None else float(batch.size)
         if norm is None:
-            norm = float(self.ps.all_reduce_sum(np.array([w.sum()], np.float64))[0])
-        wt = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))  # [B]
-        total = torch.zeros(())
+            norm = float(self.ps.all_reduce_sum(np.array([rows_weight], np.float64))[0])
+        wt = None if w is None else torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+        total: torch.Tensor | None = None
         weighted_sum = 0.0
         preds = {}
         by_head = self._outputs_by_head(outputs)
@@ -646,12 +647,18 @@ class Model(TrainingLoops, torch.nn.Module):
         for h in self._heads:
             out = by_head[h.name]  # [B]
             y = torch.from_numpy(np.ascontiguousarray(self._label(h, batch), dtype=np.float32))
-            per_row = h.loss(out, y) * wt  # [B]
-            self._task_losses.append(h.weight * per_row.sum() / max(norm, 1e-12))
-            total = total + self._task_losses[-1]
-            weighted_sum += h.weight * float(per_row.detach().sum())
+            per_row = h.loss(out, y)  # [B]
+            if wt is not None:
+                per_row = per_row * wt
+            summed = per_row.sum()
+            term = h.weight * summed / max(norm, 1e-12)
+            self._task_losses.append(term)
+            total = term if total is None else total + term
+            weighted_sum += h.weight * float(summed.detach())
             preds[h.name] = h.to_prediction(out.detach())
-        self._loss_state += (weighted_sum, float(w.sum()))
+        self._loss_state += (weighted_sum, rows_weight)
+        if total is None:
+            total = torch.zeros(())
         return total, preds
 
     def _update_metrics(self, batch: Batch, preds: dict[str, torch.Tensor]) -> None:
