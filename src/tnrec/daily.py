@@ -96,6 +96,7 @@ def train_days(
     callbacks: Sequence[Callback] = (),
     wrap: Callable[[Any], Any] | None = None,
     log_every: int = 100,
+    pipeline: bool = True,
 ) -> list[DayReport]:
     """Train ``days`` (``(dt, make_reader)`` pairs, in order) with checkpoints in ``model_dir``.
 
@@ -119,6 +120,8 @@ def train_days(
         callbacks: more callbacks for every day's ``fit`` (a run log, ...).
         wrap: applied to each day's worker part before ``fit`` (e.g. ``RunLog.wrap``).
         log_every: ``fit``'s steps between log lines and memory reports.
+        pipeline: ``fit``'s input pipeline (the next batch read and prepared
+            while a step computes; bit-identical either way).
 
     Returns:
         One :class:`DayReport` per day.
@@ -154,6 +157,7 @@ def train_days(
             callbacks=callbacks,
             wrap=wrap,
             log_every=log_every,
+            pipeline=pipeline,
         )
 
 
@@ -171,6 +175,7 @@ def _train_days(
     callbacks: Sequence[Callback],
     wrap: Callable[[Any], Any] | None,
     log_every: int,
+    pipeline: bool,
 ) -> list[DayReport]:
     """:func:`train_days` under the model-dir lock."""
     labels = [dt for dt, _ in days]
@@ -221,6 +226,7 @@ def _train_days(
             callbacks=[*cbs, *callbacks],
             verbose=verbose,
             log_every=log_every,
+            pipeline=pipeline,
         )
         created = {n: _sizes(model)[n] - before[n] for n in before}  # global already
         evicted = end_day(model, dt)

@@ -17,7 +17,7 @@ from tnrec.data import Batch
 from tnrec.distribute import current_strategy
 from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.layers import EmbeddingFeatures
-from tnrec.layers.embedding import BagLayout, bag_layout, cvm_inputs
+from tnrec.layers.embedding import cvm_inputs
 from tnrec.layers.normalization import BatchNormalization
 from tnrec.layers.position import PositionBias
 from tnrec.losses import (
@@ -30,7 +30,8 @@ from tnrec.losses import (
 )
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
 from tnrec.optimizer import pcgrad as pcgrad_sum
-from tnrec.ps import LocalPS, ParameterServer, unique_inverse
+from tnrec.prepare import PreparedBatch, prepare_batch, pull_rows
+from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.unique import show_click
 from tnrec.table import SparseOptimizer, SparseTable
 from tnrec.trainer import TrainingLoops
@@ -104,6 +105,7 @@ class Model(TrainingLoops, torch.nn.Module):
         self._layers: list[EmbeddingFeatures] = []
         self._step: dict[str, TemporaryMatrix] | None = None
         self._batch: Batch | None = None
+        self._prepared: PreparedBatch | None = None  # fit's pipeline: the next pull's batch
         self._missing_grads: npt.NDArray[np.float64] | None = None  # train_step's, for push
         self._heads: list[Head] = []
         self._position_layers: list[PositionBias] = []  # handed each training batch
@@ -319,7 +321,9 @@ class Model(TrainingLoops, torch.nn.Module):
         """Pull every table's rows for ``batch`` into temporary matrices (before forward).
 
         Creates missing keys when ``self.training``; otherwise unknown keys read
-        as zeros and nothing is created.
+        as zeros and nothing is created. The batch-only part (layouts and
+        de-duplication, :func:`tnrec.prepare.prepare_batch`) is skipped when
+        ``fit``'s input pipeline already prepared this very batch.
 
         Returns:
             The step's temporary matrix of every table, by table name.
@@ -327,37 +331,16 @@ class Model(TrainingLoops, torch.nn.Module):
         Raises:
             ArgumentError: the batch lacks a column a layer needs.
         """
-        ps = self.ps
         create = self.training
-        # One layout per distinct column list, one de-duplication per distinct
-        # list of layouts: DeepFM's embedding and linear tables read the same
-        # columns, so their keys are gathered and de-duplicated once.
-        layouts: dict[tuple[str, ...], BagLayout] = {}
-        dedup: dict[tuple[tuple[str, ...], ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        keys_by_table: dict[str, npt.NDArray[np.int64]] = {}
-        parts_by_table: dict[str, tuple[np.ndarray, np.ndarray, list[BagLayout]]] = {}
-        for table, layers in self._table_layers.items():
-            sig = tuple(tuple(c.key for c in layer.columns) for layer in layers)
-            for cols, layer in zip(sig, layers, strict=True):
-                if cols not in layouts:
-                    layouts[cols] = bag_layout(batch, cols, layer.name)
-            lays = [layouts[cols] for cols in sig]
-            if sig not in dedup:
-                if len(lays) == 1:
-                    all_keys, occ_rows = lays[0].keys, lays[0].rows  # [N], [N]
-                else:
-                    all_keys = np.concatenate([lay.keys for lay in lays])
-                    occ_rows = np.concatenate([lay.rows for lay in lays])
-                uniq, inverse = unique_inverse(all_keys)  # [U], [N]
-                dedup[sig] = (uniq, inverse, occ_rows)
-            uniq, inverse, occ_rows = dedup[sig]
-            keys_by_table[table] = uniq
-            parts_by_table[table] = (inverse, occ_rows, lays)
+        prepared, self._prepared = self._prepared, None
+        if prepared is None or prepared.batch is not batch:  # not prepared ahead by fit's pipeline
+            prepared = prepare_batch(self._table_layers, batch)
         stats = [t for t, layers in self._table_layers.items() if layers[0].cvm]
-        pulled = ps.pull(keys_by_table, create, stats) if stats else ps.pull(keys_by_table, create)
+        pulled = pull_rows(self.ps, prepared, create, stats)
         step = {}
         for table, layers in self._table_layers.items():
-            inverse, occ_rows, lays = parts_by_table[table]
+            part = prepared.tables[table]
+            inverse, lays = part.inverse, part.layouts
             rows, cvm = pulled[table], None
             if layers[0].cvm:  # [U, D + 2]: the rows, then the owners' show and click
                 D = rows.shape[1] - 2
@@ -375,7 +358,7 @@ class Model(TrainingLoops, torch.nn.Module):
                 n = lay.keys.shape[0]
                 layer.prepare(batch, E, inverse[at : at + n], lay, cvm)
                 at += n
-            step[table] = TemporaryMatrix(keys_by_table[table], inverse, occ_rows, E, trained)
+            step[table] = TemporaryMatrix(part.keys, inverse, part.rows, E, trained)
         self._step = step
         self._batch = batch
         return step

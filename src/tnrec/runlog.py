@@ -157,6 +157,7 @@ class RunLog(Callback):
             0.0,
         )  # (time, rows, wait) of the last record
         self._epoch_mark: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)
+        self._rows = 0  # rows of the steps taken (all epochs): the steps', not the read-ahead's
 
     def wrap(self, data: Iterable[Any]) -> TimedData:
         """Return ``data`` wrapped so this log sees its rows and input waits; pass it to ``fit``."""
@@ -166,8 +167,18 @@ class RunLog(Callback):
     # ------------------------------------------------------------------ output
 
     def _now(self) -> tuple[float, int, float]:
-        d = self.data
-        return (time.perf_counter(), d.rows if d else 0, d.wait_s if d else 0.0)
+        return (time.perf_counter(), self._rows, self._input_wait_s())
+
+    def _input_wait_s(self) -> float:
+        """Seconds the steps waited for input so far.
+
+        A pipelined ``fit`` reads in its input thread, so the wrapped data's
+        ``next`` times that thread's reads; the steps' wait is the pipeline's.
+        """
+        seconds = getattr(self.model, "input_seconds", None)
+        if getattr(self.model, "fit_pipelined", False) and seconds is not None:
+            return float(seconds["wait"])
+        return self.data.wait_s if self.data is not None else 0.0
 
     def write(self, record: dict[str, Any], scalars: dict[str, float] | None = None) -> None:
         """Append one record to the file (and its scalars to TensorBoard).
@@ -234,6 +245,7 @@ class RunLog(Callback):
 
     def on_train_batch_end(self, step: int, logs: dict[str, float] | None = None) -> None:
         self.global_step += 1
+        self._rows += int((logs or {}).get("batch_size", 0))
         if not self.every or step % self.every:
             return
         t, rows, wait = self._now()

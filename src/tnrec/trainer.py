@@ -15,6 +15,8 @@ from tnrec.data import Batch
 from tnrec.errors import ArgumentError, DataError, EmptyInputError
 from tnrec.losses import SINGLE, Head, label_problem, weight_problem
 from tnrec.memory import format_memory, memory_report
+from tnrec.pipeline import InputPipeline, PipelinedData
+from tnrec.prepare import PreparedBatch
 from tnrec.ps import ParameterServer
 
 DataT = TypeVar("DataT", bound=Iterable[Batch])
@@ -35,9 +37,15 @@ class TrainingLoops:
 
     _heads: list[Head]
     _loss_state: np.ndarray
+    _table_layers: dict[str, Any]
+    _prepared: PreparedBatch | None
     stop_training: bool
     global_step: int
     fit_data: Any
+    fit_pipelined: bool  # set by fit: whether its input pipeline runs
+    # set by fit, live: seconds its input thread read, prepared and routed batches,
+    # and the steps waited for them ("read", "prepare", "route", "wait")
+    input_seconds: dict[str, float]
     training: bool
 
     if TYPE_CHECKING:  # provided by torch.nn.Module and Model; declared for the type checker only
@@ -162,17 +170,22 @@ class TrainingLoops:
             return cast(DataT, split(self.ps.rank, W))
         return data
 
-    def _synced(self, part: Iterable[Batch], steps: int | None) -> Iterator[Batch]:
+    def _synced(
+        self, part: Iterable[Batch], steps: int | None, pipe: InputPipeline | None = None
+    ) -> Iterator[Batch]:
         """Yield batches while any worker has one; a worker out of data yields empty batches.
 
         One small all-reduce per step tells whether any worker still has data,
-        so uneven input never deadlocks the collectives of a step.
+        so uneven input never deadlocks the collectives of a step. With
+        ``pipe`` the batches come from its thread, and each step, once it is
+        sure to run, asks the thread for the next batch (none after the last
+        of ``steps``), so the thread reads exactly the batches this loop takes.
         """
-        it = iter(part)
+        it = iter(part) if pipe is None else None
         template: Batch | None = None
         step = 0
         while steps is None or step < steps:
-            batch = next(it, None)
+            batch = next(it, None) if it is not None else pipe.take()  # type: ignore[union-attr]
             if batch is not None:
                 template = batch
             if self.ps.world_size == 1:
@@ -185,6 +198,8 @@ class TrainingLoops:
                 if batch is None:
                     batch = self._empty_batch(part, template)
             step += 1
+            if pipe is not None and (steps is None or step < steps):
+                pipe.request()  # read and prepare the next batch while this step computes
             yield batch
 
     @staticmethod
@@ -209,6 +224,7 @@ class TrainingLoops:
         validation_data: Iterable[Batch] | None = None,
         verbose: int = 1,
         log_every: int = 100,
+        pipeline: bool = True,
     ) -> History:
         """Train for ``epochs`` passes over ``data`` (batches, re-iterated each epoch).
 
@@ -231,16 +247,34 @@ class TrainingLoops:
                 and shown in the log lines); a report also ends every epoch. The
                 report is a collective: every worker takes it at the same steps,
                 whatever its ``verbose``, also a worker whose input ran out.
+            pipeline: read and prepare (lay out, de-duplicate) the next batch in a
+                background thread while the step computes (:mod:`tnrec.pipeline`);
+                the results are bit-identical either way. Every worker must pass
+                the same value. While an epoch runs, the data has been read one
+                batch further than the steps took: :attr:`fit_data`'s
+                ``position()`` is the steps' (what a checkpoint records); the
+                reader's own ``stats`` count the batch read ahead.
 
         Returns:
             The :class:`~tnrec.callbacks.History` of per-epoch metrics (global
             over workers).
+
+        Raises:
+            ArgumentError: ``epochs`` or ``pipeline`` is invalid.
         """
         self._require_compiled("fit")
         if not isinstance(epochs, int) or epochs < 0:
             raise ArgumentError(f"`epochs` must be an int >= 0. Received: epochs={epochs!r}.")
+        if not isinstance(pipeline, bool):
+            raise ArgumentError(
+                f"`pipeline` must be True or False. Received: pipeline={pipeline!r}."
+            )
         history = History()
         self.fit_data = part = self.worker_part(data)
+        if pipeline and hasattr(part, "position"):
+            self.fit_data = PipelinedData(part)  # position() of the steps, not of the read-ahead
+        self.fit_pipelined = pipeline
+        self.input_seconds = dict.fromkeys(("read", "prepare", "route", "wait"), 0.0)
         cbs = [*callbacks, history]
         for cb in cbs:
             cb.model = self
@@ -254,7 +288,7 @@ class TrainingLoops:
                 cb.on_epoch_begin(epoch)
             show = verbose and self.ps.rank == 0
             bar = ProgressBar(steps_per_epoch, log_every=log_every) if show else None
-            steps = self._fit_epoch(part, steps_per_epoch, cbs, bar, log_every)
+            steps = self._fit_epoch(part, steps_per_epoch, cbs, bar, log_every, pipeline)
             epoch_logs = self._metric_logs(reduce=True)
             if validation_data is not None:
                 val = self.evaluate(validation_data, verbose=0)
@@ -279,14 +313,52 @@ class TrainingLoops:
         cbs: list[Callback],
         bar: ProgressBar | None,
         log_every: int,
+        pipeline: bool = False,
     ) -> int:
-        """Train one epoch of ``fit``; return its number of steps (the same on every worker)."""
+        """Train one epoch of ``fit``; return its number of steps (the same on every worker).
+
+        With ``pipeline`` an :class:`~tnrec.pipeline.InputPipeline` reads and
+        prepares the batches; it is closed (its thread joined) however the
+        epoch ends: at the end of the data, after ``steps_per_epoch``, or by an
+        exception.
+        """
+        pipe = (
+            InputPipeline(part, self._table_layers, seconds=self.input_seconds)
+            if pipeline
+            else None
+        )
+        view = self.fit_data if isinstance(self.fit_data, PipelinedData) else None
+        if view is not None:
+            view.pipeline = pipe
+        try:
+            return self._fit_steps(
+                self._synced(part, steps_per_epoch, pipe), pipe, cbs, bar, log_every
+            )
+        finally:
+            self._prepared = None
+            if pipe is not None:
+                pipe.close()
+            if view is not None:
+                view.pipeline = None
+
+    def _fit_steps(
+        self,
+        batches: Iterator[Batch],
+        pipe: InputPipeline | None,
+        cbs: list[Callback],
+        bar: ProgressBar | None,
+        log_every: int,
+    ) -> int:
+        """Take the steps of one epoch over ``batches``; return their number."""
         rows = 0
         steps = 0
-        for step, batch in enumerate(self._synced(part, steps_per_epoch), start=1):
+        for step, batch in enumerate(batches, start=1):
             for cb in cbs:
                 cb.on_train_batch_begin(step)
+            # the batch's layouts and de-duplication, made by the pipeline's thread
+            self._prepared = pipe.prepared_for(batch) if pipe is not None else None
             logs = self.train_step(batch)
+            self._prepared = None
             self.global_step += 1
             steps = step
             rows += batch.size

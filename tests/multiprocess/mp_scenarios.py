@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -125,17 +126,38 @@ class CvmFrozenModel(tn.Model):
         return self.mlp(torch.cat([pooled["a"], pooled["f"], pooled["c"], dense], 1))
 
 
+class GlobalLosses(tn.callbacks.Callback):
+    """Every step's loss summed over the workers (a collective each step)."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, step, logs=None):
+        loss = (logs or {}).get("loss", 0.0)
+        self.losses.append(float(self.model.ps.all_reduce_sum(np.array([loss]))[0]))
+
+
 def contract(
     opt_name: str, rank: int, world: int, make: type[tn.Model] = ContractModel
 ) -> dict[str, np.ndarray]:
-    """Train 50 steps on this worker's slices; return losses, dense params and owned rows."""
+    """Train 50 steps on this worker's slices; return losses, dense params and owned rows.
+
+    AdaGrad trains with a loop of ``train_step`` calls, Adam and FTRL with the
+    pipelined ``fit`` over the same slices (so W workers pipelined train as 1).
+    """
     torch.manual_seed(0)
     model = make(OPTIMIZERS[opt_name]())
     model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
-    losses = []
-    for step in range(STEPS):
-        logs = model.train_step(worker_slice(global_batch(step), step, rank, world))
-        losses.append(float(model.ps.all_reduce_sum(np.array([logs.get("loss", 0.0)]))[0]))
+    slices = [worker_slice(global_batch(step), step, rank, world) for step in range(STEPS)]
+    if opt_name == "adagrad":
+        losses = []
+        for batch in slices:
+            logs = model.train_step(batch)
+            losses.append(float(model.ps.all_reduce_sum(np.array([logs.get("loss", 0.0)]))[0]))
+    else:
+        record = GlobalLosses()
+        model.fit(slices, callbacks=[record], verbose=0, pipeline=True)
+        losses = record.losses
     out = {f"{opt_name}/loss": np.array(losses)}
     for name, p in model.named_parameters():
         out[f"{opt_name}/dense/{name}"] = p.detach().numpy()
@@ -156,6 +178,27 @@ def run_cvm_frozen(rank: int, world: int) -> dict[str, np.ndarray]:
     out = {}
     for opt_name in OPTIMIZERS:
         out.update(contract(opt_name, rank, world, CvmFrozenModel))
+    return out
+
+
+def run_pipeline(rank: int, world: int) -> dict[str, np.ndarray]:
+    """Fit unpipelined, then pipelined, on uneven parts (rank 0 runs out first): the same bits."""
+    n = 8 if rank == 0 else 14  # rank 0 joins the last 6 steps of each epoch with empty batches
+    part = [worker_slice(global_batch(step), step, rank, world) for step in range(n)]
+    out = {}
+    for prefix, pipeline in (("inline", False), ("pipelined", True)):
+        torch.manual_seed(0)
+        model = CvmFrozenModel(OPTIMIZERS["adam"]())
+        model.compile(tn.optimizer.Adam(0.01), loss="binary_crossentropy_from_logits")
+        record = GlobalLosses()
+        model.fit(part, epochs=2, callbacks=[record], verbose=0, pipeline=pipeline)
+        out[f"{prefix}/loss"] = np.array(record.losses)
+        for name, p in model.named_parameters():
+            out[f"{prefix}/dense/{name}"] = p.detach().numpy()
+        for tname, table in model.tables.items():
+            for k, v in table.rows().items():
+                out[f"{prefix}/table/{tname}/{k}"] = v
+    out["input_threads"] = np.array([t.name == "tnrec-input" for t in threading.enumerate()])
     return out
 
 
@@ -407,6 +450,7 @@ def run_schedule(rank: int, world: int) -> dict[str, np.ndarray]:
 SCENARIOS = {
     "contract": run_contract,
     "cvm_frozen": run_cvm_frozen,
+    "pipeline": run_pipeline,
     "timeout": run_timeout,
     "crash": run_crash,
     "schedule": run_schedule,

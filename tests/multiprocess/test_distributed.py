@@ -84,6 +84,17 @@ def test_w_workers_train_a_cvm_model_with_a_frozen_layer_as_one(launch, tmp_path
         assert (shared["marker"][items] == 1).all() and (shared["show"][~items] > 0).any()
 
 
+def test_pipelined_fit_on_two_workers_with_uneven_parts_is_bit_identical(launch, tmp_path):
+    res = launch(2, ["pipeline", str(tmp_path)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    for r, part in enumerate(load(tmp_path, "pipeline", 2)):
+        inline = {k[len("inline/") :]: v for k, v in part.items() if k.startswith("inline/")}
+        assert len(inline) > 10 and inline["loss"].shape == (2 * 14,)
+        for k, v in inline.items():
+            np.testing.assert_array_equal(part[f"pipelined/{k}"], v, err_msg=f"rank {r}: {k}")
+        assert not part["input_threads"].any()  # every epoch's input thread was joined
+
+
 def test_a_stalled_worker_raises_instead_of_hanging(launch, tmp_path):
     res = launch(2, ["timeout", str(tmp_path), "3"], timeout_s=120)
     out = res.stdout + res.stderr

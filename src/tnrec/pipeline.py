@@ -1,0 +1,245 @@
+"""The input pipeline of ``fit``: the next batch is read and prepared while the step computes.
+
+One background thread, one batch ahead::
+
+    main thread    take 1 │ step 1 ........ │ take 2 │ step 2 ........ │ take 3 ...
+    input thread   read 1, prepare 1 │ read 2, prepare 2 │ (idle) │ read 3, prepare 3 │ ...
+                          ▲ asked for 2 here            ▲ asked for 3 here
+
+The thread reads batch ``i + 1`` from the worker's iterator (the reader's own
+prefetch, when it has one, keeps decoding and hashing further ahead) and
+prepares it (:func:`tnrec.prepare.prepare_batch`: bag layouts and
+de-duplication, no table state) only once the consumer asked for it, which
+``fit`` does when step ``i`` starts, after that step's "is there more data"
+all-reduce. So the thread never reads a batch the unpipelined loop would not
+have read (``steps_per_epoch`` is honoured exactly), and it never runs more
+than one batch ahead. Everything that reads table state -- the row pull --
+stays in the step, after step ``i``'s push: results are bit-identical to the
+unpipelined loop.
+
+Errors: an exception reading a batch is raised by :meth:`InputPipeline.take`
+at the step that batch belongs to, with its own message; an exception
+preparing it is raised by that step's pull (as the inline pull would). After
+an error the thread stops.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tnrec.data import Batch
+from tnrec.layers import EmbeddingFeatures
+from tnrec.prepare import PreparedBatch, prepare_batch
+
+CLOSE_TIMEOUT_S = 60.0  # the longest close() waits for a read in progress to return
+_POLL_S = 0.05
+
+
+@dataclass
+class _Item:
+    """One answer of the input thread."""
+
+    batch: Batch | None  # None: this worker's input is exhausted
+    prepared: PreparedBatch | None
+    position: dict[str, Any] | None  # the data's position() after the batch (None: none)
+    error: BaseException | None = None  # raised reading the batch
+
+
+class InputPipeline:
+    """Read and prepare a worker's next batch in a background thread (one batch ahead).
+
+    ``fit`` makes one per epoch when pipelining is on: :meth:`take` returns
+    the batch asked for (None once the input is exhausted), :meth:`request`
+    asks for the next one, :meth:`prepared_for` returns what the thread
+    prepared for a batch, and :meth:`close` stops the thread. The data's
+    iterator is made in the calling thread, and advanced only by the input
+    thread.
+
+    Args:
+        part: this worker's data (a tnrec reader or any iterable of batches).
+        table_layers: the model's embedding layers by table (what the
+            preparation lays out).
+        route: called in the input thread on every prepared batch, after
+            preparation (a sharded PS's routing); None: nothing.
+        seconds: the dict :attr:`seconds` adds to (``fit``'s
+            ``model.input_seconds``, live); None: a new one.
+
+    Attributes:
+        seconds: time the input thread spent reading (``"read"``), preparing
+            (``"prepare"``) and routing (``"route"``), and time the consumer
+            waited in :meth:`take` (``"wait"``).
+        position: the data's ``position()`` after the last batch taken (the
+            data's own position runs one batch ahead while a batch is read);
+            None when the data has none.
+
+    Example:
+        >>> # pipe = InputPipeline(part, model._table_layers)
+        >>> # batch = pipe.take(); pipe.request()   # the next batch is read meanwhile
+        >>> # model._prepared = pipe.prepared_for(batch); model.train_step(batch); pipe.close()
+    """
+
+    def __init__(
+        self,
+        part: Iterable[Batch],
+        table_layers: Mapping[str, Sequence[EmbeddingFeatures]],
+        route: Callable[[PreparedBatch], None] | None = None,
+        seconds: dict[str, float] | None = None,
+    ) -> None:
+        self._part = part
+        self._table_layers = table_layers
+        self._route = route
+        self._tracks = hasattr(part, "position") and hasattr(part, "seek")
+        self.position: dict[str, Any] | None = part.position() if self._tracks else None  # type: ignore[attr-defined]
+        self.seconds = seconds if seconds is not None else {}
+        for phase in ("read", "prepare", "route", "wait"):
+            self.seconds.setdefault(phase, 0.0)
+        self._it: Iterator[Batch] = iter(part)  # here: an error in iter() raises in the caller
+        self._items: queue.Queue[_Item] = queue.Queue(maxsize=1)
+        self._asked = threading.Semaphore(0)
+        self._stop = threading.Event()
+        self._read = 0  # batches the thread took from the iterator
+        self._taken = 0  # batches the consumer took from the thread
+        self._last: _Item | None = None
+        self._thread = threading.Thread(target=self._run, name="tnrec-input", daemon=True)
+        self._thread.start()
+        self.request()  # the first batch
+
+    # ------------------------------------------------------------------ consumer side
+
+    def request(self) -> None:
+        """Ask the thread to read and prepare the next batch."""
+        self._asked.release()
+
+    def take(self) -> Batch | None:
+        """Return the batch asked for last (None: the input is exhausted); wait if needed.
+
+        Raises:
+            Any exception reading that batch raised in the thread, as raised.
+        """
+        start = time.perf_counter()
+        item = None
+        while item is None:
+            try:
+                item = self._items.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._items.empty():
+                    raise RuntimeError(
+                        "internal error: the input thread ended without an answer"
+                    ) from None
+        self.seconds["wait"] += time.perf_counter() - start
+        self._last = item
+        if item.error is not None:
+            raise item.error
+        if item.batch is not None:
+            self._taken += 1
+            if item.position is not None:
+                self.position = item.position
+        return item.batch
+
+    def prepared_for(self, batch: Batch) -> PreparedBatch | None:
+        """Return what the thread prepared for ``batch`` (None: not this batch, prepare inline)."""
+        item = self._last
+        if item is None or item.batch is not batch:
+            return None
+        return item.prepared
+
+    def close(self) -> None:
+        """Stop the thread and wait for it; put back a batch it read that no step took.
+
+        A batch read ahead and not trained (an exception ended the epoch) is
+        given back by seeking the data to :attr:`position`, so the data's
+        position is what the unpipelined loop would leave.
+        """
+        self._stop.set()
+        self._thread.join(timeout=CLOSE_TIMEOUT_S)
+        self._last = None
+        if self._thread.is_alive():  # a read that does not return: leave the daemon thread
+            return
+        if self._read > self._taken and self._tracks and self.position is not None:
+            self._part.seek(self.position)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ input thread
+
+    def _run(self) -> None:
+        while self._wait_asked():
+            item = self._next_item()
+            if not self._put(item) or item.error is not None:
+                return
+
+    def _next_item(self) -> _Item:
+        """Read the next batch and prepare it (an exhausted input answers empty items)."""
+        t0 = time.perf_counter()
+        try:
+            batch = next(self._it, None)
+        except BaseException as e:  # handed to the consumer, raised at its step
+            return _Item(None, None, None, e)
+        t1 = time.perf_counter()
+        self.seconds["read"] += t1 - t0
+        position = None
+        if batch is not None:
+            self._read += 1
+            position = self._part.position() if self._tracks else None  # type: ignore[attr-defined]
+        prepared = None
+        if batch is not None:
+            try:
+                prepared = prepare_batch(self._table_layers, batch)
+            except Exception as e:  # raised by the step's pull, where the inline pull raises it
+                prepared = PreparedBatch(batch, {}, error=e)
+        t2 = time.perf_counter()
+        self.seconds["prepare"] += t2 - t1
+        if self._route is not None and prepared is not None and prepared.error is None:
+            self._route(prepared)
+            self.seconds["route"] += time.perf_counter() - t2
+        return _Item(batch, prepared, position)
+
+    def _wait_asked(self) -> bool:
+        while not self._stop.is_set():
+            if self._asked.acquire(timeout=_POLL_S):
+                return True
+        return False
+
+    def _put(self, item: _Item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._items.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+class PipelinedData:
+    """``fit``'s data while pipelined: the worker's part, with the position of the steps.
+
+    While an epoch runs, the input thread has read one batch further than the
+    steps took; :meth:`position` answers the position after the last batch a
+    step took (what a checkpoint must record), and everything else (``seek``,
+    ``empty_batch``, ``stats``, ...) is the part's own.
+
+    Args:
+        part: the worker's data; it must have ``position()``.
+    """
+
+    def __init__(self, part: Any) -> None:
+        self.part = part
+        self.pipeline: InputPipeline | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("part", "pipeline"):
+            raise AttributeError(name)
+        return getattr(self.part, name)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.part)
+
+    def position(self) -> Any:
+        """Return where the next step's batch starts (after the last batch a step took)."""
+        pipe = self.pipeline
+        if pipe is not None and pipe.position is not None:
+            return dict(pipe.position)
+        return self.part.position()

@@ -1,0 +1,213 @@
+"""fit's input pipeline: bit-identical to the unpipelined loop; errors, stops and threads.
+
+The pipelined ``fit`` reads and prepares batch i + 1 in a thread while step i
+runs; every test trains the same model both ways and compares the bits.
+"""
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import tnrec as tn
+from tests.unit.checkpoint import ckpt_common as cc
+from tnrec import prepare
+from tnrec.callbacks import Callback
+from tnrec.errors import ArgumentError, DataError, NonFiniteError
+from tnrec.pipeline import InputPipeline
+
+fc = tn.feature_column
+
+
+def input_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "tnrec-input"]
+
+
+class Record(Callback):
+    """Every step's loss and the data's position after it, as a checkpoint would save it."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.losses, self.positions, self.stop_at = [], [], stop_at
+
+    def on_train_batch_end(self, step, logs=None):
+        self.losses.append(logs.get("loss", 0.0))
+        data = self.model.fit_data
+        self.positions.append(data.position() if hasattr(data, "position") else None)
+        if step == self.stop_at:
+            self.model.stop_training = True  # honoured at the end of the epoch, as unpipelined
+
+
+def fit_both(data_for, stop_at=None, **fit_kw):
+    """Train ``Net`` on ``data_for()`` unpipelined, then pipelined; return (model, record) each."""
+    out = []
+    for pipeline in (False, True):
+        model, rec = cc.build(), Record(stop_at)
+        model.fit(data_for(), callbacks=[rec], verbose=0, pipeline=pipeline, **fit_kw)
+        out.append((model, rec))
+    return out
+
+
+def assert_bit_identical(a, b):
+    (ma, ra), (mb, rb) = a, b
+    assert ra.losses == rb.losses and len(ra.losses) > 0
+    assert ra.positions == rb.positions
+    cc.assert_same(cc.snapshot(ma), cc.snapshot(mb), skip=())
+
+
+@pytest.fixture
+def day(tmp_path):
+    return cc.write_day(str(tmp_path), 0, rows=200)  # 13 batches of 16 (the last one of 8)
+
+
+@pytest.mark.parametrize(
+    ("fit_kw", "reader_kw"),
+    [
+        pytest.param({"epochs": 2}, {}, id="two-epochs"),
+        pytest.param({"epochs": 3, "steps_per_epoch": 5}, {}, id="steps-per-epoch"),
+        pytest.param({"epochs": 2}, {"prefetch": 2, "shuffle": True, "seed": 3}, id="prefetch"),
+        pytest.param({"epochs": 2, "stop_at": 4}, {}, id="stop-training-mid-epoch"),
+    ],
+)
+def test_pipelined_fit_is_bit_identical_to_the_unpipelined_loop(day, fit_kw, reader_kw):
+    """Losses, positions after every step, every table row and dense tensor: the same bits."""
+
+    def make():
+        kw = {"batch_size": 16, "prefetch": 0, **reader_kw}
+        return tn.data.read_parquet([day], [*cc.COLS, *cc.NUMERIC], **kw)
+
+    readers = []
+
+    def data_for():
+        readers.append(make())
+        return readers[-1]
+
+    a, b = fit_both(data_for, **fit_kw)
+    assert_bit_identical(a, b)
+    steps = len(a[1].losses)
+    if "steps_per_epoch" in fit_kw:
+        assert steps == 5 + 5 + 3  # each epoch continues where the last stopped (13 batches)
+    elif "stop_at" in fit_kw:
+        assert steps == 13  # the epoch ends, then fit stops
+    assert readers[0].position() == readers[1].position()  # the reader is left where it was
+    assert input_threads() == []
+
+
+def test_a_list_with_an_empty_batch_and_two_tables_over_the_same_columns(make_batch):
+    rng = np.random.default_rng(0)
+
+    def batch(B, start):
+        sparse = {
+            "user": [[int(u)] for u in rng.integers(0, 30, B)],
+            "item": [[int(i)] for i in rng.integers(0, 20, B)],
+            "tags": [[int(t) for t in rng.integers(0, 9, rng.integers(0, 3))] for _ in range(B)],
+        }
+        return make_batch(sparse, rng.integers(0, 2, B), dense=rng.normal(size=(B, 1)), start=start)
+
+    batches = [batch(12, 0), batch(0, 12), batch(9, 12), batch(1, 21)]  # an empty batch
+    a, b = fit_both(lambda: batches, epochs=2)
+    assert len(a[1].losses) == 8 and a[1].losses[1] == 0.0  # the empty step did nothing
+    assert_bit_identical(a, b)
+
+
+def test_a_one_shot_iterator_with_steps_per_epoch_loses_no_batch(day):
+    """The thread never reads past ``steps_per_epoch``: a plain iterator has no seek to undo it."""
+    batches = list(cc.reader(day))  # 13
+    a, b = fit_both(lambda: iter(batches), epochs=3, steps_per_epoch=4)
+    assert len(a[1].losses) == 12  # 4 + 4 + 4 of the 13 batches, none skipped
+    assert_bit_identical(a, b)
+
+
+def test_the_steps_use_the_batches_the_input_thread_prepared(day, monkeypatch):
+    """Preparing happens in the input thread, not in the step (and the test can tell)."""
+    where = []
+    real = prepare.prepare_batch
+
+    def spy(table_layers, batch):
+        where.append(threading.current_thread().name)
+        return real(table_layers, batch)
+
+    monkeypatch.setattr("tnrec.pipeline.prepare_batch", spy)
+    monkeypatch.setattr("tnrec.model.prepare_batch", spy)
+    for pipeline, want in ((False, {"MainThread"}), (True, {"tnrec-input"})):
+        where.clear()
+        model = cc.build()
+        model.fit(cc.reader(day), verbose=0, pipeline=pipeline)
+        assert len(where) == 13 and set(where) == want
+        assert model.input_seconds["wait"] >= 0 and model.fit_pipelined is pipeline
+
+
+def test_a_bad_row_raises_in_the_main_thread_at_its_step_with_its_message(tmp_path, day):
+    lines = ["user,item,tags,d0,label"] + [f"{i},{i % 7},{i % 3},0.5,{i % 2}" for i in range(40)]
+    lines[35] = "x,1,1,0.5,0"
+    path = tmp_path / "a.csv"
+    path.write_text("\n".join(lines) + "\n")
+    cols = [fc.category_column("user", dtype="int"), *cc.COLS[1:], *cc.NUMERIC]
+    good = list(cc.reader(day))[:4]
+
+    def stream():  # a data source that fails after 4 batches, naming its file and row
+        yield from good
+        raise DataError('file "events.bin", row 65: truncated record')
+
+    cases = [
+        (lambda: tn.data.read_csv(path, cols, batch_size=8, prefetch=0), 'a.csv", line 36', 0),
+        (stream, r'file "events.bin", row 65: truncated record', 4),
+    ]
+    for make, match, steps in cases:
+        messages = []
+        for pipeline in (False, True):
+            model, rec = cc.build(), Record()
+            with pytest.raises(DataError, match=match) as e:
+                model.fit(make(), callbacks=[rec], verbose=0, pipeline=pipeline)
+            messages.append((str(e.value), len(rec.losses)))
+            assert input_threads() == []
+        assert messages[0] == messages[1] and messages[0][1] == steps
+
+
+def test_a_batch_without_a_layers_column_raises_from_the_step_that_pulls_it(day):
+    good = list(cc.reader(day))[:3]
+    bad = replace(good[2], sparse={k: v for k, v in good[2].sparse.items() if k != "tags"})
+    seen = []
+    for pipeline in (False, True):
+        model, rec = cc.build(), Record()
+        with pytest.raises(ArgumentError, match=r"the batch has no categorical column 'tags'"):
+            model.fit([*good[:2], bad, good[0]], callbacks=[rec], verbose=0, pipeline=pipeline)
+        seen.append(len(rec.losses))
+        assert input_threads() == []
+    assert seen == [2, 2]
+
+
+def test_an_error_in_a_step_stops_the_thread_and_gives_back_the_batch_read_ahead(day):
+    class FailsAtStep3(cc.Net):
+        def train_step(self, batch):
+            if self.global_step == 2:
+                raise NonFiniteError("step 3 failed")
+            return super().train_step(batch)
+
+    positions = []
+    for pipeline in (False, True):
+        model = FailsAtStep3()
+        model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
+        data = cc.reader(day)
+        with pytest.raises(NonFiniteError, match="step 3 failed"):
+            model.fit(data, verbose=0, pipeline=pipeline)
+        assert input_threads() == []
+        positions.append(data.position())
+    assert positions[0] == positions[1] and positions[0]["offset"] == 3 * 16
+
+
+def test_closing_the_pipeline_mid_epoch_leaves_no_thread(day):
+    model = cc.build()
+    pipe = InputPipeline(cc.reader(day), model._table_layers)
+    batch = pipe.take()
+    assert pipe.prepared_for(batch) is not None and pipe.prepared_for(batch).batch is batch
+    pipe.request()  # the thread reads the next batch; nobody takes it
+    pipe.close()
+    assert input_threads() == []
+
+
+def test_pipeline_must_be_a_bool(day):
+    with pytest.raises(
+        ArgumentError, match=r"`pipeline` must be True or False. Received: pipeline=1"
+    ):
+        cc.build().fit(cc.reader(day), verbose=0, pipeline=1)
