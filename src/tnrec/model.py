@@ -30,7 +30,7 @@ from tnrec.losses import (
 )
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
 from tnrec.optimizer import pcgrad as pcgrad_sum
-from tnrec.prepare import PreparedBatch, prepare_batch, pull_rows
+from tnrec.prepare import PreparedBatch, prepared_for_pull, pull_rows
 from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.unique import show_click
 from tnrec.table import SparseOptimizer, SparseTable
@@ -322,19 +322,21 @@ class Model(TrainingLoops, torch.nn.Module):
 
         Creates missing keys when ``self.training``; otherwise unknown keys read
         as zeros and nothing is created. The batch-only part (layouts and
-        de-duplication, :func:`tnrec.prepare.prepare_batch`) is skipped when
-        ``fit``'s input pipeline already prepared this very batch.
+        de-duplication, :func:`tnrec.prepare.prepare_batch`; on W > 1 workers
+        also the routing of the keys to their owners) is skipped when ``fit``'s
+        input pipeline already did it for this very batch.
 
         Returns:
             The step's temporary matrix of every table, by table name.
 
         Raises:
-            ArgumentError: the batch lacks a column a layer needs.
+            ArgumentError: the batch lacks a column a layer needs, or (W > 1,
+                pipelined ``fit``) has other sparse features than the batch
+                ``fit`` handed to ``train_step``.
         """
         create = self.training
-        prepared, self._prepared = self._prepared, None
-        if prepared is None or prepared.batch is not batch:  # not prepared ahead by fit's pipeline
-            prepared = prepare_batch(self._table_layers, batch)
+        pending, self._prepared = self._prepared, None  # what fit's pipeline made for the step
+        prepared = prepared_for_pull(self._table_layers, batch, pending)
         stats = [t for t, layers in self._table_layers.items() if layers[0].cvm]
         pulled = pull_rows(self.ps, prepared, create, stats)
         step = {}

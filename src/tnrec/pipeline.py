@@ -17,6 +17,15 @@ than one batch ahead. Everything that reads table state -- the row pull --
 stays in the step, after step ``i``'s push: results are bit-identical to the
 unpipelined loop.
 
+On W > 1 workers the thread also routes the prepared keys to their owners
+(:meth:`tnrec.ps.ShardedPS.route`: the all_to_all of key counts and of keys,
+and the owners' de-duplication) on a gloo process group of its own, so its
+collectives never interleave with the step's on the default group; the
+step's pull is left with the owners' row gather and the all_to_all of the
+rows. Every worker's thread routes once per step, in step order -- also a
+worker whose input ran out (no keys) -- because it is asked for the next
+batch at the same step on every worker.
+
 Errors: an exception reading a batch is raised by :meth:`InputPipeline.take`
 at the step that batch belongs to, with its own message; an exception
 preparing it is raised by that step's pull (as the inline pull would). After
@@ -28,13 +37,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tnrec.data import Batch
 from tnrec.layers import EmbeddingFeatures
-from tnrec.prepare import PreparedBatch, prepare_batch
+from tnrec.prepare import PreparedBatch, Router, empty_prepared, prepare_batch
 
 CLOSE_TIMEOUT_S = 60.0  # the longest close() waits for a read in progress to return
 _POLL_S = 0.05
@@ -55,8 +64,8 @@ class InputPipeline:
 
     ``fit`` makes one per epoch when pipelining is on: :meth:`take` returns
     the batch asked for (None once the input is exhausted), :meth:`request`
-    asks for the next one, :meth:`prepared_for` returns what the thread
-    prepared for a batch, and :meth:`close` stops the thread. The data's
+    asks for the next one, :meth:`pending` returns what the thread prepared
+    (and routed) for the step, and :meth:`close` stops the thread. The data's
     iterator is made in the calling thread, and advanced only by the input
     thread.
 
@@ -64,8 +73,10 @@ class InputPipeline:
         part: this worker's data (a tnrec reader or any iterable of batches).
         table_layers: the model's embedding layers by table (what the
             preparation lays out).
-        route: called in the input thread on every prepared batch, after
-            preparation (a sharded PS's routing); None: nothing.
+        route: called in the input thread with every step's unique keys by
+            table, after preparation, also for a worker out of data (no keys):
+            a sharded PS's routing (:func:`tnrec.prepare.make_router`); None:
+            nothing is routed ahead.
         seconds: the dict :attr:`seconds` adds to (``fit``'s
             ``model.input_seconds``, live); None: a new one.
 
@@ -80,14 +91,14 @@ class InputPipeline:
     Example:
         >>> # pipe = InputPipeline(part, model._table_layers)
         >>> # batch = pipe.take(); pipe.request()   # the next batch is read meanwhile
-        >>> # model._prepared = pipe.prepared_for(batch); model.train_step(batch); pipe.close()
+        >>> # model._prepared = pipe.pending(); model.train_step(batch); pipe.close()
     """
 
     def __init__(
         self,
         part: Iterable[Batch],
         table_layers: Mapping[str, Sequence[EmbeddingFeatures]],
-        route: Callable[[PreparedBatch], None] | None = None,
+        route: Router | None = None,
         seconds: dict[str, float] | None = None,
     ) -> None:
         self._part = part
@@ -141,12 +152,15 @@ class InputPipeline:
                 self.position = item.position
         return item.batch
 
-    def prepared_for(self, batch: Batch) -> PreparedBatch | None:
-        """Return what the thread prepared for ``batch`` (None: not this batch, prepare inline)."""
+    def pending(self) -> PreparedBatch | None:
+        """Return what the thread prepared (and routed) for the batch taken last.
+
+        For a worker out of data it is the routed empty batch (``batch`` None)
+        when routing; :func:`tnrec.prepare.prepared_for_pull` matches it to the
+        batch the step pulls.
+        """
         item = self._last
-        if item is None or item.batch is not batch:
-            return None
-        return item.prepared
+        return item.prepared if item is not None else None
 
     def close(self) -> None:
         """Stop the thread and wait for it; put back a batch it read that no step took.
@@ -192,8 +206,13 @@ class InputPipeline:
                 prepared = PreparedBatch(batch, {}, error=e)
         t2 = time.perf_counter()
         self.seconds["prepare"] += t2 - t1
-        if self._route is not None and prepared is not None and prepared.error is None:
-            self._route(prepared)
+        if self._route is not None:  # every worker routes every step, keys or not
+            if prepared is None:
+                prepared = empty_prepared(self._table_layers)
+            try:
+                prepared.route = self._route(prepared.keys())  # no keys when preparing failed
+            except BaseException as e:  # handed to the consumer, raised at its step
+                return _Item(None, None, None, e)
             self.seconds["route"] += time.perf_counter() - t2
         return _Item(batch, prepared, position)
 

@@ -7,27 +7,32 @@ background thread while step ``i`` computes::
 
     batch ──bag_layout──▶ keys[N], rows[N], offsets per column list   (prepare_batch)
           ──unique_inverse──▶ uniq[U], inverse[N] per table           (prepare_batch)
+          ──(W > 1) uniq sent to their owners──▶ a Route              (make_router)
           ──ps.pull(uniq)──▶ rows[U, D] per table                     (Model.pull, after push i)
 
-The second part (the pull of the rows, the temporary matrices, each layer's
-virtual ids) waits for step ``i``'s push, since the rows it reads are the
-ones that push writes. Both parts compute exactly what the unsplit pull
-computed, in the same order, so a pipelined step is bit-identical to an
-inline one.
+The second part (the owners' row gather and the exchange of the rows, the
+temporary matrices, each layer's virtual ids) waits for step ``i``'s push,
+since the rows it reads are the ones that push writes. Both parts compute
+exactly what the unsplit pull computed, in the same order, so a pipelined
+step is bit-identical to an inline one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from tnrec.data import Batch
+from tnrec.errors import ArgumentError
 from tnrec.layers import EmbeddingFeatures
 from tnrec.layers.embedding import BagLayout, bag_layout
-from tnrec.ps import ParameterServer, unique_inverse
+from tnrec.ps import ParameterServer, ShardedPS, unique_inverse
+from tnrec.ps.sharded import Route
+
+Router = Callable[[Mapping[str, npt.NDArray[np.int64]]], Route]
 
 
 @dataclass
@@ -51,8 +56,11 @@ class PreparedBatch:
 
     Attributes:
         batch: the batch it was made from (``Model.pull(batch)`` uses it only
-            for this very object).
+            for this very object); None: the empty batch of a worker whose
+            input ran out (the step makes it).
         tables: each table's :class:`TablePart`, in the model's table order.
+        route: the sharded PS's :class:`~tnrec.ps.sharded.Route` of the keys,
+            when the pipeline routed them ahead (W > 1); None: the pull routes.
         error: the exception preparing raised in the pipeline's
             thread; :meth:`tnrec.Model.pull` raises it, at the step it belongs
             to, with its message.
@@ -62,8 +70,9 @@ class PreparedBatch:
         >>> # prepared.tables["user"].keys   -> the batch's unique keys of table "user"
     """
 
-    batch: Batch
+    batch: Batch | None
     tables: dict[str, TablePart]
+    route: Route | None = None
     error: BaseException | None = None
 
     def keys(self) -> dict[str, npt.NDArray[np.int64]]:
@@ -125,4 +134,64 @@ def pull_rows(
     if prepared.error is not None:
         raise prepared.error
     keys = prepared.keys()
+    if prepared.route is not None and isinstance(ps, ShardedPS):
+        return ps.pull(keys, create, stats, route=prepared.route)
     return ps.pull(keys, create, stats) if stats else ps.pull(keys, create)
+
+
+def prepared_for_pull(
+    table_layers: Mapping[str, Sequence[EmbeddingFeatures]],
+    batch: Batch,
+    pending: PreparedBatch | None,
+) -> PreparedBatch:
+    """Return ``pending`` when it was made for this very ``batch``, else prepare ``batch`` here.
+
+    ``pending`` is what ``fit``'s pipeline made for the step. When it routed
+    its keys ahead, every worker's step must use that route (the other
+    workers' pulls only exchange rows), so a batch prepared here takes it
+    over -- which it can when it has the same unique keys (a ``train_step``
+    that changes labels, weights or dense features, or the empty batch of a
+    worker out of data).
+
+    Raises:
+        ArgumentError: the batch lacks a column a layer needs; or ``pending``
+            was routed and ``batch`` has other keys.
+    """
+    if pending is not None and pending.batch is batch:
+        return pending
+    prepared = prepare_batch(table_layers, batch)
+    route = pending.route if pending is not None else None
+    if route is None:
+        return prepared
+    for name, part in prepared.tables.items():
+        routed = route.keys.get(name, part.keys[:0])
+        if not np.array_equal(part.keys, routed):
+            raise ArgumentError(
+                f'Model.pull: table "{name}" gets {part.keys.shape[0]} key(s) that are not the '
+                f"{routed.shape[0]} key(s) of the batch fit handed to train_step; with W > 1 "
+                "workers the pipelined fit has routed that batch's keys to their owners "
+                "already. Pull the batch train_step received (or one with the same sparse "
+                "features), or call fit(..., pipeline=False)."
+            )
+        part.keys = routed  # the very arrays routed: the pull and the push check identity
+    prepared.route = route
+    return prepared
+
+
+def empty_prepared(table_layers: Mapping[str, Sequence[EmbeddingFeatures]]) -> PreparedBatch:
+    """Return the prepared empty batch of a worker whose input ran out (no keys, no layouts)."""
+    z = np.zeros(0, np.int64)
+    return PreparedBatch(None, {name: TablePart(z, z, z, []) for name in table_layers})
+
+
+def make_router(ps: ParameterServer) -> Router | None:
+    """Return how the input thread routes a batch's keys to their owners, or None (one process).
+
+    For a :class:`~tnrec.ps.ShardedPS`: its :meth:`~tnrec.ps.ShardedPS.route`
+    on its own process group (created on the first call: a collective, which
+    every worker makes at the same point). Any other PS routes nothing ahead.
+    """
+    if not isinstance(ps, ShardedPS):
+        return None
+    comm = ps.routing_comm()
+    return lambda keys: ps.route(keys, comm)

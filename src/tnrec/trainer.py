@@ -16,7 +16,7 @@ from tnrec.errors import ArgumentError, DataError, EmptyInputError
 from tnrec.losses import SINGLE, Head, label_problem, weight_problem
 from tnrec.memory import format_memory, memory_report
 from tnrec.pipeline import InputPipeline, PipelinedData
-from tnrec.prepare import PreparedBatch
+from tnrec.prepare import PreparedBatch, make_router
 from tnrec.ps import ParameterServer
 
 DataT = TypeVar("DataT", bound=Iterable[Batch])
@@ -253,7 +253,11 @@ class TrainingLoops:
                 the same value. While an epoch runs, the data has been read one
                 batch further than the steps took: :attr:`fit_data`'s
                 ``position()`` is the steps' (what a checkpoint records); the
-                reader's own ``stats`` count the batch read ahead.
+                reader's own ``stats`` count the batch read ahead. On W > 1
+                workers the thread also routes the keys to their owners, on a
+                gloo process group of its own (created collectively at the
+                first pipelined epoch), so a ``train_step`` override must pull
+                a batch with the sparse features of the one it was handed.
 
         Returns:
             The :class:`~tnrec.callbacks.History` of per-epoch metrics (global
@@ -322,11 +326,10 @@ class TrainingLoops:
         epoch ends: at the end of the data, after ``steps_per_epoch``, or by an
         exception.
         """
-        pipe = (
-            InputPipeline(part, self._table_layers, seconds=self.input_seconds)
-            if pipeline
-            else None
-        )
+        pipe = None
+        if pipeline:  # W > 1: the keys are routed ahead too, on a process group of their own
+            route = make_router(self.ps)
+            pipe = InputPipeline(part, self._table_layers, route, self.input_seconds)
         view = self.fit_data if isinstance(self.fit_data, PipelinedData) else None
         if view is not None:
             view.pipeline = pipe
@@ -356,7 +359,7 @@ class TrainingLoops:
             for cb in cbs:
                 cb.on_train_batch_begin(step)
             # the batch's layouts and de-duplication, made by the pipeline's thread
-            self._prepared = pipe.prepared_for(batch) if pipe is not None else None
+            self._prepared = pipe.pending() if pipe is not None else None
             logs = self.train_step(batch)
             self._prepared = None
             self.global_step += 1

@@ -193,6 +193,7 @@ def run_pipeline(rank: int, world: int) -> dict[str, np.ndarray]:
         record = GlobalLosses()
         model.fit(part, epochs=2, callbacks=[record], verbose=0, pipeline=pipeline)
         out[f"{prefix}/loss"] = np.array(record.losses)
+        out[f"{prefix}/route_s"] = np.array(model.input_seconds["route"])
         for name, p in model.named_parameters():
             out[f"{prefix}/dense/{name}"] = p.detach().numpy()
         for tname, table in model.tables.items():

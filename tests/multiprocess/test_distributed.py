@@ -90,6 +90,7 @@ def test_pipelined_fit_on_two_workers_with_uneven_parts_is_bit_identical(launch,
     for r, part in enumerate(load(tmp_path, "pipeline", 2)):
         inline = {k[len("inline/") :]: v for k, v in part.items() if k.startswith("inline/")}
         assert len(inline) > 10 and inline["loss"].shape == (2 * 14,)
+        assert part.pop("pipelined/route_s") > 0 and inline.pop("route_s") == 0  # routed ahead
         for k, v in inline.items():
             np.testing.assert_array_equal(part[f"pipelined/{k}"], v, err_msg=f"rank {r}: {k}")
         assert not part["input_threads"].any()  # every epoch's input thread was joined

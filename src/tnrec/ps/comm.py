@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,14 +24,16 @@ class Comm:
 
     Args:
         timeout_s: the process group's collective timeout, for messages.
+        group: the process group (None: the default one).
     """
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, group: Any = None) -> None:
         if not dist.is_initialized():
             raise DistributedError("Comm needs an initialised torch.distributed process group.")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.timeout_s = timeout_s
+        self.group = group
         self.bytes_sent = 0  # payload bytes this worker sent to other workers (all_to_all only)
         self.seconds: dict[str, float] = {}  # wall time spent in each phase's collectives
 
@@ -46,6 +49,19 @@ class Comm:
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
+    def new_channel(self) -> Comm:
+        """Return a Comm on a new gloo process group of every worker (a collective).
+
+        Collectives on it never interleave with this Comm's: another thread
+        (the input pipeline's) may run them while this one runs its own. Every
+        worker must call it at the same point of its program.
+        """
+        group = self._run(
+            "create a process group",
+            lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s)),
+        )
+        return Comm(self.timeout_s, group)
+
     def all_to_all(
         self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], phase: str
     ) -> torch.Tensor:
@@ -55,20 +71,20 @@ class Comm:
         self.bytes_sent += elem * (sum(send_counts) - send_counts[self.rank])
         self._run(
             phase,
-            lambda: dist.all_to_all_single(recv, send, recv_counts, send_counts),
+            lambda: dist.all_to_all_single(recv, send, recv_counts, send_counts, group=self.group),
         )
         return recv
 
     def all_reduce_sum(self, t: torch.Tensor, phase: str) -> torch.Tensor:
         """Sum ``t`` over workers in place and return it."""
-        self._run(phase, lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM))
+        self._run(phase, lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group))
         return t
 
     def broadcast(self, t: torch.Tensor, phase: str, src: int = 0) -> torch.Tensor:
         """Copy rank ``src``'s ``t`` to every worker in place and return it."""
-        self._run(phase, lambda: dist.broadcast(t, src=src))
+        self._run(phase, lambda: dist.broadcast(t, src=src, group=self.group))
         return t
 
     def barrier(self, phase: str) -> None:
         """Wait for every worker."""
-        self._run(phase, lambda: dist.barrier())
+        self._run(phase, lambda: dist.barrier(group=self.group))

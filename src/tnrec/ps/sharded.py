@@ -15,6 +15,11 @@ One step, for all tables together (T tables, W workers):
               same order as the pull, so keys are not sent again; each owner sums
               the contributions for a key and applies the optimizer once.
 
+Steps 1-3 and the owners' de-duplication read no table: :meth:`ShardedPS.route`
+does them on their own, and ``fit``'s input pipeline runs it for the next
+batch in its thread, on a process group of its own (:meth:`ShardedPS.routing_comm`),
+while the step's pull (step 4) and push run on the default one.
+
 A pull's ``stats`` tables return ``[row (D floats), show, click]`` per key
 (step 4 sends D + 2 floats). A push's ``active`` tables carry one more float
 per key (1 where the worker applies the key): the owner applies a key some
@@ -64,6 +69,22 @@ class _Owned:
     counts: npt.NDArray[np.int64]  # [W] keys received from each worker
 
 
+@dataclass
+class Route:
+    """Where one step's keys went: steps 1-3 of a pull, done (see the module docstring).
+
+    Made by :meth:`ShardedPS.route` and consumed by the next
+    :meth:`ShardedPS.pull` of the same keys, which only gathers and returns
+    the rows; the push after that pull reuses it to send the gradients.
+    """
+
+    keys: dict[str, npt.NDArray[np.int64]]  # the caller's arrays, by table
+    requested: dict[str, _Requested]
+    owned: dict[str, _Owned]
+    send_counts: npt.NDArray[np.int64]  # [W, T] keys sent to each owner, per table
+    recv_counts: npt.NDArray[np.int64]  # [W, T] keys received from each worker, per table
+
+
 class ShardedPS:
     """Pull/push rows of tables sharded over all workers (see the module docstring).
 
@@ -81,6 +102,18 @@ class ShardedPS:
         self._req: dict[str, _Requested] = {}
         self._own: dict[str, _Owned] = {}
         self._pulled = False  # a pull came before (a model without tables pulls none)
+        self._routing: Comm | None = None
+
+    def routing_comm(self) -> Comm:
+        """Return the Comm :meth:`route` runs on in the input pipeline's thread.
+
+        Its process group is created on the first call: a collective, which
+        every worker makes at the same point (``fit`` does, at the start of
+        its first pipelined epoch).
+        """
+        if self._routing is None:
+            self._routing = self.comm.new_channel()
+        return self._routing
 
     def owns(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Return which of ``keys`` this worker owns."""
@@ -88,29 +121,31 @@ class ShardedPS:
 
     # ---------------------------------------------------------------- pull
 
-    def pull(
-        self,
-        keys: Mapping[str, npt.NDArray[np.int64]],
-        create: bool,
-        stats: Collection[str] = (),
-    ) -> dict[str, npt.NDArray[np.float32]]:
-        """Return the rows of each table's unique ``keys`` from their owners (``float32[U, D]``;
-        ``[U, D + 2]`` with the owners' show and click for the tables in ``stats``)."""
+    def route(self, keys: Mapping[str, npt.NDArray[np.int64]], comm: Comm | None = None) -> Route:
+        """Send each table's unique ``keys`` to their owners (steps 1-3 of a pull).
+
+        Reads no table and changes nothing of this PS, so it may run in another
+        thread, for the next batch, while a step pulls and pushes -- on
+        ``comm``, a Comm of its own process group (:meth:`routing_comm`); the
+        default is this PS's own. Every worker routes the same number of
+        times, in the same order, on the same Comm.
+        """
+        comm = self.comm if comm is None else comm
         W, names = self.world_size, self._names
-        self._pulled = True
         send_keys, send_counts = [], np.zeros((W, len(names)), np.int64)  # [W, T]
+        requested = {}
         for t, name in enumerate(names):
             k = keys.get(name, _NO_KEYS)
             owner = owner_of(k, W)
             order = np.argsort(owner, kind="stable")
             counts = np.bincount(owner, minlength=W)
-            self._req[name] = _Requested(k, order, counts)
+            requested[name] = _Requested(k, order, counts)
             send_counts[:, t] = counts
             send_keys.append((k[order], counts))
         # Flat send buffer grouped by destination, then table.
         flat = _group_by_dest([(ks, c) for ks, c in send_keys], W)
         recv_counts = (
-            self.comm.all_to_all(
+            comm.all_to_all(
                 torch.from_numpy(send_counts.reshape(-1)),
                 [len(names)] * W,
                 [len(names)] * W,
@@ -119,7 +154,7 @@ class ShardedPS:
             .numpy()
             .reshape(W, len(names))
         )  # [W sources, T]
-        recv_keys = self.comm.all_to_all(
+        recv_keys = comm.all_to_all(
             torch.from_numpy(flat),
             send_counts.sum(1).tolist(),
             recv_counts.sum(1).tolist(),
@@ -127,16 +162,42 @@ class ShardedPS:
         ).numpy()
         # Owner side: per table, the received keys of every source, de-duplicated.
         segments = _split_by_source(recv_keys, recv_counts)  # [W][T] arrays
+        owned = {}
+        for t, name in enumerate(names):
+            got = np.concatenate([segments[s][t] for s in range(W)])  # [R]
+            uniq, inverse = unique_inverse(got)  # [V], [R]
+            owned[name] = _Owned(uniq, inverse, recv_counts[:, t])
+        return Route(dict(keys), requested, owned, send_counts, recv_counts)
+
+    def pull(
+        self,
+        keys: Mapping[str, npt.NDArray[np.int64]],
+        create: bool,
+        stats: Collection[str] = (),
+        route: Route | None = None,
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Return the rows of each table's unique ``keys`` from their owners (``float32[U, D]``;
+        ``[U, D + 2]`` with the owners' show and click for the tables in ``stats``).
+
+        ``route`` is :meth:`route`'s of these very ``keys`` (the input pipeline
+        routed them ahead); None routes them here first.
+        """
+        if route is None:
+            route = self.route(keys)
+        else:
+            self._check_route(keys, route)
+        W, names = self.world_size, self._names
+        self._pulled = True
+        self._req, self._own = route.requested, route.owned  # the push follows this pull
+        send_counts, recv_counts = route.send_counts, route.recv_counts
         replies: list[list[np.ndarray]] = [[] for _ in range(W)]
         for t, name in enumerate(names):
-            got = np.concatenate([segments[s][t] for s in range(W)])
-            uniq, inverse = unique_inverse(got)
+            own = route.owned[name]
             table = self.tables[name]
-            rows = table.pull_unchecked(uniq, create)  # [V, D]
+            rows = table.pull_unchecked(own.keys, create)  # [V, D]
             if name in stats:
-                rows = np.hstack([rows, table.read_stats_unchecked(uniq)])  # [V, D + 2]
-            self._own[name] = _Owned(uniq, inverse, recv_counts[:, t])
-            per_key = rows[inverse]  # [R, D]
+                rows = np.hstack([rows, table.read_stats_unchecked(own.keys)])  # [V, D + 2]
+            per_key = rows[own.inverse]  # [R, D]
             at = 0
             for s in range(W):
                 n = int(recv_counts[s, t])
@@ -151,6 +212,16 @@ class ShardedPS:
             "pull: return rows",
         ).numpy()
         return self._scatter_back(got_rows, send_counts, dims)
+
+    def _check_route(self, keys: Mapping[str, npt.NDArray[np.int64]], route: Route) -> None:
+        """Raise unless ``route`` was made for ``keys`` (the very arrays; empty ones may differ)."""
+        for name in self._names:
+            k, routed = keys.get(name, _NO_KEYS), route.keys.get(name, _NO_KEYS)
+            if k is not routed and not (k.shape[0] == 0 == routed.shape[0]):
+                raise RuntimeError(
+                    f'internal error: table "{name}" (rank {self.rank}): the pull got '
+                    f"{k.shape[0]} key(s) but a route of {routed.shape[0]} other key(s)"
+                )
 
     def _scatter_back(
         self, flat: np.ndarray, send_counts: np.ndarray, widths: np.ndarray

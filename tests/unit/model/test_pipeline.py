@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 import tnrec as tn
 from tests.unit.checkpoint import ckpt_common as cc
@@ -16,6 +17,7 @@ from tnrec import prepare
 from tnrec.callbacks import Callback
 from tnrec.errors import ArgumentError, DataError, NonFiniteError
 from tnrec.pipeline import InputPipeline
+from tnrec.ps import ShardedPS
 
 fc = tn.feature_column
 
@@ -128,7 +130,7 @@ def test_the_steps_use_the_batches_the_input_thread_prepared(day, monkeypatch):
         return real(table_layers, batch)
 
     monkeypatch.setattr("tnrec.pipeline.prepare_batch", spy)
-    monkeypatch.setattr("tnrec.model.prepare_batch", spy)
+    monkeypatch.setattr("tnrec.prepare.prepare_batch", spy)
     for pipeline, want in ((False, {"MainThread"}), (True, {"tnrec-input"})):
         where.clear()
         model = cc.build()
@@ -200,7 +202,7 @@ def test_closing_the_pipeline_mid_epoch_leaves_no_thread(day):
     model = cc.build()
     pipe = InputPipeline(cc.reader(day), model._table_layers)
     batch = pipe.take()
-    assert pipe.prepared_for(batch) is not None and pipe.prepared_for(batch).batch is batch
+    assert pipe.pending() is not None and pipe.pending().batch is batch
     pipe.request()  # the thread reads the next batch; nobody takes it
     pipe.close()
     assert input_threads() == []
@@ -211,3 +213,85 @@ def test_pipeline_must_be_a_bool(day):
         ArgumentError, match=r"`pipeline` must be True or False. Received: pipeline=1"
     ):
         cc.build().fit(cc.reader(day), verbose=0, pipeline=1)
+
+
+class LoopbackComm:
+    """One worker's collectives (what it sends it receives): the sharded path in one process."""
+
+    rank, world_size = 0, 1
+
+    def all_to_all(self, send, send_counts, recv_counts, phase):
+        return send.clone()
+
+    def all_reduce_sum(self, t, phase):
+        return t
+
+    def broadcast(self, t, phase, src=0):
+        return t
+
+    def barrier(self, phase):
+        pass
+
+    def new_channel(self):
+        return LoopbackComm()
+
+
+def sharded(make=cc.Net):
+    torch.manual_seed(0)
+    model = make()
+    model.build_tables(lambda tables: ShardedPS(tables, LoopbackComm()))
+    model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
+    return model
+
+
+def test_a_sharded_ps_routes_the_keys_in_the_input_thread_bit_identically(day, monkeypatch):
+    where = []
+    real = ShardedPS.route
+
+    def spy(self, keys, comm=None):
+        where.append((threading.current_thread().name, comm in (None, self.comm)))
+        return real(self, keys, comm)
+
+    monkeypatch.setattr(ShardedPS, "route", spy)
+    runs = []
+    for pipeline in (False, True):
+        where.clear()
+        model, rec = sharded(), Record()
+        model.fit(cc.reader(day), epochs=2, callbacks=[rec], verbose=0, pipeline=pipeline)
+        runs.append((model, rec))
+        # 13 batches an epoch; the thread also routes the end of the input (no keys)
+        want = [("MainThread", True)] * 26 if not pipeline else [("tnrec-input", False)] * 28
+        assert where == want
+    assert_bit_identical(*runs)
+    assert runs[1][0].input_seconds["route"] > 0
+
+
+class Relabel(cc.Net):
+    """A train_step that hands the step another batch: new labels, or (keys) without "tags"."""
+
+    drop_tags = False
+
+    def train_step(self, batch):
+        labels = 1.0 - batch.labels
+        sparse = batch.sparse
+        if self.drop_tags:
+            sparse = {k: v for k, v in sparse.items() if k != "tags"}
+            sparse["tags"] = batch.sparse["user"]
+        return super().train_step(replace(batch, labels=labels, sparse=sparse))
+
+
+def test_a_routed_step_takes_a_batch_with_the_same_keys_and_names_one_without(day):
+    runs = []
+    for pipeline in (False, True):
+        model, rec = sharded(Relabel), Record()
+        model.fit(cc.reader(day), callbacks=[rec], verbose=0, pipeline=pipeline)
+        runs.append((model, rec))
+    assert_bit_identical(*runs)  # other labels, the same keys: the route ahead is used
+    model = sharded(Relabel)
+    model.drop_tags = True
+    with pytest.raises(
+        ArgumentError, match=r'Model.pull: table "emb" gets \d+ key\(s\) that are not'
+    ):
+        model.fit(cc.reader(day), verbose=0)
+    assert input_threads() == []
+    model.fit(cc.reader(day), verbose=0, pipeline=False)  # what the message offers works
