@@ -18,6 +18,12 @@ to another owner; the dense all-reduce (ring: 2*(W-1)/W of its size) is
 listed apart. Each world's run records the machine's state (``machine_state.py``):
 "others" is the cores other processes kept busy during it, ``*`` marks a run
 taken on a busy machine, ``--strict`` refuses the figures instead.
+
+Then each world trains ``fit`` unpipelined and pipelined on fresh models over
+the same lazily made batches and prints a second table: per-phase times
+(read+hash, dedup, route, pull, push, compute), the input time, what the steps
+waited for it and the share of it the pipeline hid (``pipeline_phases.py``;
+``--no-pipeline`` skips it).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import numpy as np
 import torch
 
 from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
+from pipeline_phases import measure, print_table
 
 NUM_CAT, NUM_DENSE, DIM = 26, 13, 16
 
@@ -121,6 +128,7 @@ def worker(args: argparse.Namespace) -> None:
     total = time.perf_counter() - start
     n = args.steps
     seconds = dict(comm.seconds) if comm is not None else {}
+    pipelined = [] if args.no_pipeline else _pipeline_runs(args, rank)  # every worker: collectives
     exchange = sum(v for k, v in seconds.items() if k.startswith(("pull:", "push:")))
     allreduce = sum(v for k, v in seconds.items() if k.startswith("all-reduce"))
     if rank == 0:
@@ -135,10 +143,28 @@ def worker(args: argparse.Namespace) -> None:
             "bytes_sent_per_step": (comm.bytes_sent / n) if comm is not None else 0,
             "bytes_minimum_per_step": minimum / n,
             "dense_allreduce_bytes": 2 * (world - 1) / world * dense_bytes,
+            "pipeline": pipelined,
         }
         with open(args.out, "w") as f:
             json.dump(result, f)
     strategy.shutdown()
+
+
+def _pipeline_runs(args: argparse.Namespace, rank: int) -> list[dict]:
+    """fit unpipelined, then pipelined, each on a fresh, warmed-up DeepFM (pipeline_phases.py)."""
+    import tnrec as tn
+    from tnrec.models import DeepFM
+
+    runs = []
+    for pipeline in (False, True):
+        torch.manual_seed(0)
+        model = DeepFM(tn.data.criteo_columns(), embedding_dim=DIM, hidden_units=(400, 400, 400))
+        model.compile()
+        for b in _batches(rank, args.warmup, args.batch):
+            model.train_step(b)
+        make = lambda i: _batches(rank, 1, args.batch, seed=1000 + i)[0]  # noqa: E731
+        runs.append(measure(model, make, args.steps, pipeline))
+    return runs
 
 
 def _free_port() -> int:
@@ -155,6 +181,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--no-pipeline", action="store_true", help="skip the input pipeline table")
     add_strict_flag(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -188,6 +215,7 @@ def main() -> None:
                 str(args.batch),
                 "--out",
                 out,
+                *(["--no-pipeline"] if args.no_pipeline else []),
             ]
             env = dict(os.environ, OMP_NUM_THREADS="1")
             with MachineWatch() as watch:  # torchrun and its workers are waited for: own CPU
@@ -222,6 +250,8 @@ def main() -> None:
         )
     for line in check_runs(states, strict=False):
         print(line)
+    if not args.no_pipeline:
+        print_table([{**run, "world": r["world"]} for r in rows for run in r["pipeline"]])
 
 
 if __name__ == "__main__":
