@@ -181,7 +181,10 @@ class InputPipeline:
 
     def _run(self) -> None:
         while self._wait_asked():
-            item = self._next_item()
+            try:
+                item = self._next_item()
+            except BaseException as e:  # e.g. the data's position(): raised at the step
+                item = _Item(None, None, None, e)
             if not self._put(item) or item.error is not None:
                 return
 
