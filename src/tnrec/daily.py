@@ -96,7 +96,7 @@ def train_days(
     callbacks: Sequence[Callback] = (),
     wrap: Callable[[Any], Any] | None = None,
     log_every: int = 100,
-    pipeline: bool = True,
+    pipeline: bool = False,
 ) -> list[DayReport]:
     """Train ``days`` (``(dt, make_reader)`` pairs, in order) with checkpoints in ``model_dir``.
 
@@ -121,7 +121,8 @@ def train_days(
         wrap: applied to each day's worker part before ``fit`` (e.g. ``RunLog.wrap``).
         log_every: ``fit``'s steps between log lines and memory reports.
         pipeline: ``fit``'s input pipeline (the next batch read and prepared
-            while a step computes; bit-identical either way).
+            while a step computes; bit-identical either way; off by default,
+            see :meth:`tnrec.Model.fit`).
 
     Returns:
         One :class:`DayReport` per day.

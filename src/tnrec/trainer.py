@@ -224,7 +224,7 @@ class TrainingLoops:
         validation_data: Iterable[Batch] | None = None,
         verbose: int = 1,
         log_every: int = 100,
-        pipeline: bool = True,
+        pipeline: bool = False,
     ) -> History:
         """Train for ``epochs`` passes over ``data`` (batches, re-iterated each epoch).
 
@@ -258,6 +258,11 @@ class TrainingLoops:
                 gloo process group of its own (created collectively at the
                 first pipelined epoch), so a ``train_step`` override must pull
                 a batch with the sparse features of the one it was handed.
+                Off by default: in one process on 2 cores it made the micro
+                model's ``fit`` slower (0.6x: the thread's NumPy work holds the
+                GIL against the step's); with 2 workers, where the thread's
+                key exchange waits on the network, DeepFM stepped 1.19x faster
+                (``bench/fit_bench.py``, ``bench/dist_bench.py``).
 
         Returns:
             The :class:`~tnrec.callbacks.History` of per-epoch metrics (global

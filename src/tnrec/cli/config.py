@@ -48,7 +48,7 @@ Every key, with its default::
     batch_size = 4096
     steps_per_epoch = 100          # optional; not with the daily cycle of ``tnrec train``
     log_every = 100                # steps between log lines
-    pipeline = true                # read and prepare the next batch while a step computes
+    pipeline = false               # true: read and prepare the next batch while a step computes
 
     [checkpoint]                   # the model dir is a checkpoint root (tnrec.checkpoint)
     dir = "runs/tnrec/model"       # default: <output_dir>/model
@@ -206,7 +206,7 @@ class TrainConfig:
     batch_size: int = 4096
     steps_per_epoch: int | None = None
     log_every: int = 100
-    pipeline: bool = True
+    pipeline: bool = False
 
 
 @dataclass

@@ -292,6 +292,6 @@ def test_a_routed_step_takes_a_batch_with_the_same_keys_and_names_one_without(da
     with pytest.raises(
         ArgumentError, match=r'Model.pull: table "emb" gets \d+ key\(s\) that are not'
     ):
-        model.fit(cc.reader(day), verbose=0)
+        model.fit(cc.reader(day), verbose=0, pipeline=True)
     assert input_threads() == []
-    model.fit(cc.reader(day), verbose=0, pipeline=False)  # what the message offers works
+    model.fit(cc.reader(day), verbose=0)  # unpipelined, the default: what the message offers
