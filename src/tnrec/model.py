@@ -335,10 +335,11 @@ class Model(TrainingLoops, torch.nn.Module):
                 ``fit`` handed to ``train_step``.
         """
         create = self.training
+        ps = self.ps  # builds the tables (and the layers by table) on the first pull
         pending, self._prepared = self._prepared, None  # what fit's pipeline made for the step
         prepared = prepared_for_pull(self._table_layers, batch, pending)
         stats = [t for t, layers in self._table_layers.items() if layers[0].cvm]
-        pulled = pull_rows(self.ps, prepared, create, stats)
+        pulled = pull_rows(ps, prepared, create, stats)
         step = {}
         for table, layers in self._table_layers.items():
             part = prepared.tables[table]

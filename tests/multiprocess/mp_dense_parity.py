@@ -128,7 +128,9 @@ def batch_norm(rank: int, world: int, sync_freq: int, ckpt: str) -> dict[str, np
 
 
 def pcgrad(rank: int, world: int, on: bool) -> dict[str, np.ndarray]:
-    torch.manual_seed(0)
+    # a start from which the heads' gradients conflict within the steps (from seed 0
+    # they never do with this data, and PCGrad would leave every step as it is)
+    torch.manual_seed(3)
     model = TwoHeads()
     model.compile(
         tn.optimizer.Adam(0.01),
