@@ -1,0 +1,261 @@
+"""The steps of :class:`tnrec.Model`: the loss, ``train_step``, ``test_step``, ``predict_step``.
+
+Mixed into ``Model`` (over :class:`tnrec.trainer.TrainingLoops`, which loops
+over these steps); the steps are the override points. A step pulls the
+batch's rows into the temporary matrix (``Model.pull``), runs the model,
+checks every gradient on every worker, pushes the tables and steps the
+dense optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from tnrec.data import Batch
+from tnrec.errors import ArgumentError, NonFiniteError
+from tnrec.losses import SINGLE, Head, mse
+from tnrec.optimizer import pcgrad as pcgrad_sum
+from tnrec.trainer import TrainingLoops
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite.
+
+    NumPy's ``isfinite`` on the same memory costs about a tenth of
+    ``torch.isfinite(t).all()`` (four ATen kernels) for a CPU float32 tensor.
+    """
+    if t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad:
+        return bool(np.isfinite(t.numpy()).all())
+    return bool(torch.isfinite(t).all())
+
+
+class TrainingSteps(TrainingLoops):
+    """The loss and the three steps of :class:`tnrec.Model` (see the module docstring)."""
+
+    optimizer: torch.optim.Optimizer | None
+    pcgrad: bool
+    clip_norm: float | None
+    _task_losses: list[torch.Tensor]
+    _missing_grads: npt.NDArray[np.float64] | None
+
+    if TYPE_CHECKING:  # provided by torch.nn.Module and Model; declared for the type checker only
+
+        def __call__(self, batch: Batch) -> Any: ...
+        def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+        def named_parameters(
+            self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+        ) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
+        def pull(self, batch: Batch) -> dict[str, Any]: ...  # the step's TemporaryMatrix by table
+        def push(self) -> None: ...
+        def _release(self) -> None: ...
+
+    # ------------------------------------------------------------------ loss
+
+    def _outputs_by_head(self, outputs: Any) -> dict[str, torch.Tensor]:
+        if isinstance(outputs, Mapping):
+            got = {k: v for k, v in outputs.items()}
+        else:
+            got = {SINGLE: outputs}
+        out = {}
+        for h in self._heads:
+            if h.name not in got:
+                raise ArgumentError(
+                    f"The model returned heads {sorted(got)}, but compile() has a loss for "
+                    f"{h.name!r}."
+                )
+            t = got[h.name]
+            out[h.name] = t.squeeze(-1) if t.dim() == 2 and t.shape[-1] == 1 else t
+        return out
+
+    def _label(self, head: Head, batch: Batch) -> npt.NDArray[np.float32]:
+        if head.label is None:
+            if len(batch.label_names) != 1:
+                raise ArgumentError(
+                    f"The batch has labels {list(batch.label_names)}; name the one to train on "
+                    "with compile(label=...)."
+                )
+            return batch.labels[:, 0]
+        return batch.label(head.label)
+
+    def compute_loss(
+        self, batch: Batch, outputs: Any, norm: float | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Return this worker's term of the normalised loss and each head's predictions.
+
+        ``loss = sum_heads weight_h * sum_i w_i * loss_h(i) / sum_i w_i`` where
+        ``w`` are the sample weights (1 without) and the normaliser ``norm =
+        sum_i w_i`` runs over every worker's batch (all-reduced when not given).
+        Each worker back-propagates its own rows' term; the terms of all workers
+        add up to the loss one worker would compute on the global batch.
+        """
+        w = batch.weights
+        rows_weight = float(w.sum()) if w is not None else float(batch.size)
+        if norm is None:
+            norm = float(self.ps.all_reduce_sum(np.array([rows_weight], np.float64))[0])
+        wt = None if w is None else torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+        total: torch.Tensor | None = None
+        weighted_sum = 0.0
+        preds = {}
+        by_head = self._outputs_by_head(outputs)
+        self._task_losses = []
+        for h in self._heads:
+            out = by_head[h.name]  # [B]
+            y = torch.from_numpy(np.ascontiguousarray(self._label(h, batch), dtype=np.float32))
+            per_row = h.loss(out, y)  # [B]
+            if wt is not None:
+                per_row = per_row * wt
+            summed = per_row.sum()
+            term = h.weight * summed / max(norm, 1e-12)
+            self._task_losses.append(term)
+            total = term if total is None else total + term
+            weighted_sum += h.weight * float(summed.detach())
+            preds[h.name] = h.to_prediction(out.detach())
+        self._loss_state += (weighted_sum, rows_weight)
+        if total is None:
+            total = torch.zeros(())
+        return total, preds
+
+    def _update_metrics(self, batch: Batch, preds: dict[str, torch.Tensor]) -> None:
+        for h in self._heads:
+            if h.metrics:
+                y = self._label(h, batch)
+                p = preds[h.name].numpy()
+                for m in h.metrics:
+                    m.update(y, p, batch.weights)
+
+    # ------------------------------------------------------------------ steps
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One training step: pull, forward, loss, backward, push, dense step, metrics.
+
+        Override it to change the step; ``fit`` calls it once per batch. A step
+        whose global batch is empty does nothing.
+
+        Returns:
+            ``{"loss": ...}``: this worker's term of the step's loss (the loss
+            itself in one process; the terms of all workers add up to it).
+
+        Raises:
+            DataError: a label lies outside its head's range (for the loss and
+                the metrics) or a sample weight is negative or not finite, on
+                any worker; nothing is updated.
+            NonFiniteError: the loss or a gradient is NaN or infinite on any
+                worker; no table and no dense parameter is updated.
+        """
+        where = f"{type(self).__name__}.train_step (step {self.global_step + 1})"
+        rows, weight = self._global_size(batch, where)
+        if rows == 0:
+            return {}
+        opt = self.optimizer
+        if opt is None:
+            raise ArgumentError("Model.train_step: call model.compile(...) first.")
+        step = self.pull(batch)
+        outputs = self(batch)
+        loss, preds = self.compute_loss(batch, outputs, norm=weight)
+        opt.zero_grad(set_to_none=True)
+        params = [p for p in self.parameters() if p.requires_grad]
+        task_grads = self._task_gradients(params) if self.pcgrad else None
+        loss.backward()
+        # per worker: [loss not finite, then one flag per table]; summed: workers per flag
+        bad = np.array(
+            [
+                not math.isfinite(float(loss.detach())),
+                *(tm.E.grad is not None and not _all_finite(tm.E.grad) for tm in step.values()),
+            ],
+            np.float64,
+        )
+        missing = [tm.E.requires_grad and tm.E.grad is None for tm in step.values()]
+        flags = self.ps.all_reduce_grads(
+            params, np.concatenate([bad, np.array(missing, np.float64)])
+        )
+        flags, self._missing_grads = flags[: bad.shape[0]], flags[bad.shape[0] :]
+        dense = [
+            n
+            for n, p in self.named_parameters()
+            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
+        ]
+        if flags.any() or dense:
+            self._release()
+            raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags, dense)}")
+        if task_grads is not None:
+            self._apply_pcgrad(params, task_grads)
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
+        self.push()
+        opt.step()
+        self._update_metrics(batch, preds)
+        return {"loss": float(loss.detach())}
+
+    def _task_gradients(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """Return each head's gradient of ``params`` on this worker, ``float64[T, P]``."""
+        rows = []
+        for term in self._task_losses:
+            grads = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
+            rows.append(
+                torch.cat(
+                    [
+                        (g if g is not None else torch.zeros_like(p)).reshape(-1).double()
+                        for g, p in zip(grads, params, strict=True)
+                    ]
+                )
+            )  # [P]
+        return torch.stack(rows)  # [T, P]
+
+    def _apply_pcgrad(self, params: list[torch.nn.Parameter], task_grads: torch.Tensor) -> None:
+        """Sum each head's gradient over workers, then set the dense gradients to their PCGrad."""
+        T = task_grads.shape[0]
+        summed = self.ps.all_reduce_sum(task_grads.numpy().reshape(-1))  # [T * P]
+        combined = pcgrad_sum(torch.from_numpy(np.asarray(summed).reshape(T, -1)))  # [P]
+        at = 0
+        for p in params:
+            n = p.numel()
+            if p.grad is not None:
+                p.grad = combined[at : at + n].view_as(p).to(p.dtype)
+            at += n
+
+    def test_step(self, batch: Batch) -> dict[str, Any]:
+        """One evaluation step (no table changes): pull without creating, forward, metrics.
+
+        Override it to change the step; ``evaluate`` calls it once per batch. A
+        step whose global batch is empty does nothing and returns ``{}``.
+
+        Returns:
+            ``{"loss": ..., "predictions": {head: float32[B]}}``: this worker's
+            term of the step's loss and each head's predictions, which
+            ``evaluate(exact_auc=True)`` gathers.
+
+        Raises:
+            DataError: a label lies outside its head's range or a sample weight
+                is negative or not finite, on any worker.
+        """
+        rows, weight = self._global_size(batch, f"{type(self).__name__}.test_step")
+        if rows == 0:
+            return {}
+        with torch.no_grad():
+            self.pull(batch)
+            outputs = self(batch)
+            loss, preds = self.compute_loss(batch, outputs, norm=weight)
+        self._release()
+        self._update_metrics(batch, preds)
+        return {"loss": float(loss), "predictions": {h: p.numpy() for h, p in preds.items()}}
+
+    def predict_step(self, batch: Batch) -> dict[str, npt.NDArray[np.float32]]:
+        """Return each head's predictions for ``batch`` (no table changes)."""
+        with torch.no_grad():
+            self.pull(batch)
+            outputs = self(batch)
+        self._release()
+        heads = self._heads or [Head(SINGLE, None, mse, "identity", 1.0, [])]
+        by_head = self._outputs_by_head(outputs) if self._heads else {SINGLE: outputs}
+        return {
+            h.name: h.to_prediction(
+                by_head[h.name].squeeze(-1) if by_head[h.name].dim() == 2 else by_head[h.name]
+            ).numpy()
+            for h in heads
+        }
