@@ -13,6 +13,7 @@ import torch
 
 import tnrec as tn
 from tests.unit.checkpoint import ckpt_common as cc
+from tests.unit.ps.loopback import LoopbackComm
 from tnrec import prepare
 from tnrec.callbacks import Callback
 from tnrec.errors import ArgumentError, DataError, NonFiniteError
@@ -213,27 +214,6 @@ def test_pipeline_must_be_a_bool(day):
         ArgumentError, match=r"`pipeline` must be True or False. Received: pipeline=1"
     ):
         cc.build().fit(cc.reader(day), verbose=0, pipeline=1)
-
-
-class LoopbackComm:
-    """One worker's collectives (what it sends it receives): the sharded path in one process."""
-
-    rank, world_size = 0, 1
-
-    def all_to_all(self, send, send_counts, recv_counts, phase):
-        return send.clone()
-
-    def all_reduce_sum(self, t, phase):
-        return t
-
-    def broadcast(self, t, phase, src=0):
-        return t
-
-    def barrier(self, phase):
-        pass
-
-    def new_channel(self):
-        return LoopbackComm()
 
 
 def sharded(make=cc.Net):

@@ -8,28 +8,10 @@ real process groups.
 import numpy as np
 import pytest
 
+from tests.unit.ps.loopback import LoopbackComm
 from tnrec.errors import ArgumentError
 from tnrec.ps import LocalPS, ShardedPS
 from tnrec.table import SGD, SparseTable
-
-
-class LoopbackComm:
-    """The collectives of one worker: what it sends is what it receives."""
-
-    rank, world_size = 0, 1
-
-    def all_to_all(self, send, send_counts, recv_counts, phase):
-        assert send_counts == recv_counts
-        return send.clone()
-
-    def all_reduce_sum(self, t, phase):
-        return t
-
-    def broadcast(self, t, phase, src=0):
-        return t
-
-    def barrier(self, phase):
-        pass
 
 
 def make_tables():
