@@ -1,8 +1,9 @@
 """The machine's state around a benchmark run: load average and the CPU other processes took.
 
-TorchRec's OpenMP CPU kernels run ~100x slower when another process competes
-for a core, so a figure (or a ratio) taken on a busy machine measures the
-neighbours. :class:`MachineWatch` reads, when a timed region starts and ends,
+TorchRec's OpenMP CPU kernels slow down several-fold when another process
+competes for a core (at 2 threads beside one spinning process, its micro model
+ran 4.8x slower; docs/performance.md), so a figure (or a ratio) taken on a busy
+machine measures the neighbours. :class:`MachineWatch` reads, when a timed region starts and ends,
 
 * the aggregate ``cpu`` line of ``/proc/stat``: CPU time spent by every process
   on the machine (busy = user + nice + system + irq + softirq + steal, in clock

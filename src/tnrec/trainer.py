@@ -260,8 +260,8 @@ class TrainingLoops:
                 a batch with the sparse features of the one it was handed.
                 Off by default: in one process on 2 cores it made the micro
                 model's ``fit`` slower (0.6x: the thread's NumPy work holds the
-                GIL against the step's); with 2 workers, where the thread's
-                key exchange waits on the network, DeepFM stepped 1.19x faster
+                GIL against the step's), and DeepFM's steps, whose input it
+                hides almost wholly, ran 0.98x (1 worker) and 1.02x (2)
                 (``bench/fit_bench.py``, ``bench/dist_bench.py``).
 
         Returns:

@@ -10,7 +10,8 @@ key's draws in order: about 98.8% of the elements take one draw, a multiply
 and a compare; the rest take a wedge test or, beyond r = 3.654, the tail's
 exponential test, with the next draws of the same stream. Exact in
 distribution to float64 rounding (the layer edges are solved here, not
-copied), and about 3 ns an element against 12 for the inverse normal CDF.
+copied), and about 3.5 ns an element against 13 for the inverse normal CDF
+(``bench/parts_bench.py``).
 
 The formula fixes a key's vector only when the key is created: rows already
 in a table, saved or loaded, keep their values whatever formula drew them.

@@ -1,0 +1,81 @@
+"""Single parts of a step, timed alone: the normal initializer, and dense Adam default vs fused.
+
+    NUMBA_CACHE_DIR=.numba_cache python3 bench/parts_bench.py      # ~20 seconds
+    python3 bench/parts_bench.py --strict
+
+* **initializer**: ``rows.init_vectors`` (what ``create_rows`` runs for each new
+  key) with ``tn.table.normal`` at dim 16 on 1M keys, ns a key (median of 5);
+* **Adam**: ``torch.optim.Adam`` on DeepFM's MLP parameters (429-400-400-400-1)
+  and on the micro model's ``Linear(32, 1)``, gradients set, the default
+  implementation against ``fused=True`` (what ``tn.optimizer.Adam`` builds),
+  median of 50 steps, 1 torch thread.
+
+The machine's state is recorded around the whole run (``machine_state.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from machine_state import MachineWatch, add_strict_flag, check_runs
+
+
+def _median_s(fn: Callable[[], object], n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def initializer_ns(keys: int = 1_000_000, dim: int = 16) -> float:
+    from tnrec.table import rows
+    from tnrec.table.init import INIT_NORMAL
+
+    k = np.arange(keys, dtype=np.int64)
+    out = np.empty((keys, dim), np.float32)
+    run = lambda: rows.init_vectors(k, np.uint64(7), INIT_NORMAL, 1.0, dim, out)  # noqa: E731
+    run()  # compile / load from the cache
+    return _median_s(run, 5) / keys * 1e9
+
+
+def adam_ms(shapes: list[tuple[int, ...]], fused: bool) -> float:
+    params = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, lr=1e-3, fused=fused)
+    for _ in range(5):
+        opt.step()
+    return _median_s(opt.step, 50) * 1e3
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_strict_flag(p)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    deepfm = [(400, 429), (400,), (400, 400), (400,), (400, 400), (400,), (1, 400), (1,)]
+    micro = [(1, 32), (1,)]
+    with MachineWatch() as watch:
+        init = initializer_ns()
+        rows = [(name, adam_ms(s, False), adam_ms(s, True)) for name, s in (
+            ("DeepFM MLP", deepfm), ("micro Linear(32, 1)", micro))]  # fmt: skip
+    notes = check_runs([("parts_bench", watch.state)], a.strict)
+    print(f"machine: {watch.state.summary()}")
+    print(f"normal initializer, dim 16, 1M keys: {init:.1f} ns a key ({init / 16:.1f} an element)")
+    print(f"{'Adam step, 1 thread':22s} {'default ms':>10s} {'fused ms':>9s}")
+    for name, default, fused in rows:
+        print(f"{name:22s} {default:10.3f} {fused:9.3f}")
+    for line in notes:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
