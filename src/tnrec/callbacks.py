@@ -248,6 +248,13 @@ class Checkpoint(Callback):
         return data.position() if hasattr(data, "position") else None
 
     def on_train_begin(self, logs: dict[str, float] | None = None) -> None:
+        if self.save_every_n_steps is not None and self.model.ps.asynchronous:
+            raise ArgumentError(
+                "Checkpoint: `save_every_n_steps` saves in the middle of an epoch, a collective "
+                "at the same step on every worker; in async mode workers take different numbers "
+                "of steps, so checkpoints are taken at the end of the day "
+                "(save_every_n_steps=None)."
+            )
         if not self.load:
             return
         self.report = self.model.load_weights(self.model_dir)

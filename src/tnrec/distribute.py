@@ -26,6 +26,7 @@ from tnrec.errors import ArgumentError, DistributedError
 from tnrec.launch import LaunchEnv as LaunchEnv  # re-exported: tnrec.distribute.LaunchEnv
 from tnrec.launch import launch_env
 from tnrec.ps import LocalPS, ParameterServer
+from tnrec.ps.asynchronous import AsyncPS, init_rpc, shutdown_rpc
 from tnrec.ps.comm import Comm
 from tnrec.ps.sharded import ShardedPS
 from tnrec.table import MemoryBudget, SparseTable, threads
@@ -58,6 +59,17 @@ class PsStrategy:
             or load that would pass it stops with
             :class:`~tnrec.errors.MemoryLimitError` before allocating, instead
             of the kernel killing the process; ``None``: no limit.
+        mode: ``"sync"`` (the default: every step is one exchange of all
+            workers, and W workers train exactly what one would) or
+            ``"async"`` (TensorNet's mode, :mod:`tnrec.ps.asynchronous`:
+            owners serve pulls and apply pushes as they arrive, the dense
+            parameters live on a dense server for the epoch, a worker never
+            waits for a slower one and stops when its data ends; see
+            ``docs/async.md``).
+        staleness: async mode's bound ``k``: at most ``k`` of a worker's own
+            steps have pushes not yet applied when it pulls. ``k = 0``
+            forbids any stale read, which only the synchronous exchange
+            gives, so it runs sync mode. Ignored in sync mode and in one process.
 
     Example:
         >>> import tnrec as tn
@@ -74,10 +86,22 @@ class PsStrategy:
         backend: str = "gloo",
         timeout_s: float = DEFAULT_TIMEOUT_S,
         memory_limit_bytes: int | None = None,
+        mode: str = "sync",
+        staleness: int = 4,
     ) -> None:
         global _current
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ArgumentError(f"PsStrategy: `timeout_s` must be > 0. Received: {timeout_s!r}.")
+        if mode not in ("sync", "async"):
+            raise ArgumentError(
+                f'PsStrategy: `mode` must be "sync" or "async". Received: mode={mode!r}.'
+            )
+        if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
+            raise ArgumentError(
+                f"PsStrategy: `staleness` must be an int >= 0. Received: staleness={staleness!r}."
+            )
+        self.mode = mode
+        self.staleness = staleness
         self.memory_budget = (
             MemoryBudget(memory_limit_bytes) if memory_limit_bytes is not None else None
         )
@@ -101,6 +125,8 @@ class PsStrategy:
                         f"cannot join the process group at {self.env.init_method}: {e}"
                     ) from e
             self.comm = Comm(self.timeout_s)
+            if self.asynchronous:
+                init_rpc(self.comm, self.env.master_addr or "127.0.0.1", self.timeout_s)
         # the table kernels' default thread count shares the machine's CPUs among its workers
         threads.set_local_workers(self.env.local_world_size)
         _current = self
@@ -116,6 +142,11 @@ class PsStrategy:
         return self.env.world_size
 
     @property
+    def asynchronous(self) -> bool:
+        """True when steps run asynchronously: ``mode="async"``, ``staleness >= 1``, W > 1."""
+        return self.mode == "async" and self.staleness > 0 and self.env.world_size > 1
+
+    @property
     def is_distributed(self) -> bool:
         """True with more than one worker."""
         return self.comm is not None
@@ -127,6 +158,8 @@ class PsStrategy:
                 self.memory_budget.attach(table)
         if self.comm is None:
             return LocalPS(tables)
+        if self.asynchronous:
+            return AsyncPS(tables, self.comm, self.staleness)
         return ShardedPS(tables, self.comm)
 
     def barrier(self) -> None:
@@ -147,6 +180,8 @@ class PsStrategy:
     def shutdown(self) -> None:
         """Leave the process group (end of the program)."""
         global _current
+        if self.comm is not None and self.asynchronous:
+            shutdown_rpc()
         if self.comm is not None and dist.is_initialized():
             dist.destroy_process_group()
         self.comm = None

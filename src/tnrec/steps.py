@@ -18,9 +18,10 @@ import numpy.typing as npt
 import torch
 
 from tnrec.data import Batch
-from tnrec.errors import ArgumentError, NonFiniteError
+from tnrec.errors import ArgumentError, DataError, NonFiniteError
 from tnrec.losses import SINGLE, Head, mse
 from tnrec.optimizer import pcgrad as pcgrad_sum
+from tnrec.ps.asynchronous import AsyncPS
 from tnrec.trainer import TrainingLoops
 
 
@@ -149,6 +150,8 @@ class TrainingSteps(TrainingLoops):
                 worker; no table and no dense parameter is updated.
         """
         where = f"{type(self).__name__}.train_step (step {self.global_step + 1})"
+        if self.ps.asynchronous:
+            return self._train_step_async(batch, where)
         rows, weight = self._global_size(batch, where)
         if rows == 0:
             return {}
@@ -192,6 +195,63 @@ class TrainingSteps(TrainingLoops):
         self._update_metrics(batch, preds)
         return {"loss": float(loss.detach())}
 
+    def _train_step_async(self, batch: Batch, where: str) -> dict[str, float]:
+        """:meth:`train_step` in async mode (:mod:`tnrec.ps.asynchronous`): no collective.
+
+        The loss is normalised by this worker's batch weight, its sparse
+        gradients are pushed without waiting, and its dense gradient is one
+        step of the dense server's optimizer. Bad labels or weights, and a
+        non-finite loss or gradient, raise on this worker alone, before it
+        updates anything.
+        """
+        problem = self._batch_problem(batch)
+        if problem is not None:
+            raise DataError(f"{where}: {problem} Nothing was updated.")
+        weight = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
+        if batch.size == 0:
+            return {}
+        opt = self.optimizer
+        if opt is None:
+            raise ArgumentError("Model.train_step: call model.compile(...) first.")
+        step = self.pull(batch)
+        outputs = self(batch)
+        loss, preds = self.compute_loss(batch, outputs, norm=weight)
+        opt.zero_grad(set_to_none=True)
+        params = [p for p in self.parameters() if p.requires_grad]
+        task_grads = self._task_gradients(params) if self.pcgrad else None
+        loss.backward()
+        flags = np.array(
+            [
+                not math.isfinite(float(loss.detach())),
+                *(tm.E.grad is not None and not _all_finite(tm.E.grad) for tm in step.values()),
+            ],
+            np.float64,
+        )
+        dense = [
+            n
+            for n, p in self.named_parameters()
+            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
+        ]
+        if flags.any() or dense:
+            self._release()
+            raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags, dense)}")
+        # a table this worker has no gradient for is not pushed: the push is this worker's alone
+        W = self.ps.world_size
+        self._missing_grads = np.array(
+            [W * (tm.E.requires_grad and tm.E.grad is None) for tm in step.values()], np.float64
+        )
+        if task_grads is not None:
+            self._set_pcgrad(params, pcgrad_sum(task_grads))
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
+        self.push()
+        ps = self.ps
+        if not isinstance(ps, AsyncPS):
+            raise RuntimeError("internal error: an async step on a synchronous PS")
+        ps.dense_step(params, float(opt.param_groups[0]["lr"]))
+        self._update_metrics(batch, preds)
+        return {"loss": float(loss.detach())}
+
     def _task_gradients(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         """Return each head's gradient of ``params`` on this worker, ``float64[T, P]``."""
         rows = []
@@ -211,7 +271,11 @@ class TrainingSteps(TrainingLoops):
         """Sum each head's gradient over workers, then set the dense gradients to their PCGrad."""
         T = task_grads.shape[0]
         summed = self.ps.all_reduce_sum(task_grads.numpy().reshape(-1))  # [T * P]
-        combined = pcgrad_sum(torch.from_numpy(np.asarray(summed).reshape(T, -1)))  # [P]
+        self._set_pcgrad(params, pcgrad_sum(torch.from_numpy(np.asarray(summed).reshape(T, -1))))
+
+    @staticmethod
+    def _set_pcgrad(params: list[torch.nn.Parameter], combined: torch.Tensor) -> None:
+        """Set the dense gradients to PCGrad's combination ``combined`` (``[P]``)."""
         at = 0
         for p in params:
             n = p.numel()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from tnrec import metrics as metrics_lib
 from tnrec.callbacks import Callback, History, ProgressBar
@@ -18,6 +19,7 @@ from tnrec.memory import format_memory, memory_report
 from tnrec.pipeline import InputPipeline, PipelinedData
 from tnrec.prepare import PreparedBatch, make_router
 from tnrec.ps import ParameterServer
+from tnrec.ps.asynchronous import AsyncPS
 
 DataT = TypeVar("DataT", bound=Iterable[Batch])
 
@@ -40,6 +42,7 @@ class TrainingLoops:
     _table_layers: dict[str, Any]
     _prepared: PreparedBatch | None
     stop_training: bool
+    optimizer: torch.optim.Optimizer | None
     global_step: int
     fit_data: Any
     fit_pipelined: bool  # set by fit: whether its input pipeline runs
@@ -54,6 +57,7 @@ class TrainingLoops:
         def ps(self) -> ParameterServer: ...
         def train(self, mode: bool = True) -> Any: ...
         def eval(self) -> Any: ...
+        def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
         def train_step(self, batch: Batch) -> dict[str, float]: ...
         def test_step(self, batch: Batch) -> dict[str, Any]: ...
         def predict_step(self, batch: Batch) -> dict[str, np.ndarray]: ...
@@ -188,7 +192,7 @@ class TrainingLoops:
             batch = next(it, None) if it is not None else pipe.take()  # type: ignore[union-attr]
             if batch is not None:
                 template = batch
-            if self.ps.world_size == 1:
+            if self.ps.world_size == 1 or self.ps.asynchronous:  # no step waits for another worker
                 if batch is None:
                     return
             else:
@@ -338,10 +342,17 @@ class TrainingLoops:
         view = self.fit_data if isinstance(self.fit_data, PipelinedData) else None
         if view is not None:
             view.pipeline = pipe
+        ps = self.ps
+        if isinstance(ps, AsyncPS):
+            self._check_async()
+            ps.begin_epoch(self._dense_parameters(), self._compiled_optimizer())
         try:
-            return self._fit_steps(
+            steps = self._fit_steps(
                 self._synced(part, steps_per_epoch, pipe), pipe, cbs, bar, log_every
             )
+            if isinstance(ps, AsyncPS):  # every worker's pushes applied, the dense state back
+                ps.end_epoch(self._dense_parameters(), self._compiled_optimizer())
+            return steps
         finally:
             self._prepared = None
             if pipe is not None:
@@ -371,7 +382,7 @@ class TrainingLoops:
             steps = step
             rows += batch.size
             report = None
-            if log_every > 0 and step % log_every == 0:
+            if log_every > 0 and step % log_every == 0 and not self.ps.asynchronous:
                 report = memory_report(self.ps)  # a collective: every worker, same steps
             if bar is not None:
                 bar.samples = rows
@@ -386,6 +397,25 @@ class TrainingLoops:
                 for cb in cbs:
                     cb.on_memory_report(step, report)
         return steps
+
+    def _dense_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def _compiled_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise ArgumentError("Model.fit: call model.compile(...) first.")
+        return self.optimizer
+
+    def _check_async(self) -> None:
+        """Raise if the model needs a collective inside a step, which async mode cannot run."""
+        for module in cast(torch.nn.Module, self).modules():
+            if getattr(module, "synchronized", False) and getattr(module, "reduce", None):
+                raise ArgumentError(
+                    f"{type(module).__name__}(synchronized=True) exchanges statistics between "
+                    "workers every `sync_freq` steps, a collective async mode's steps cannot "
+                    "run (workers take different numbers of steps). Use synchronized=False "
+                    "(the statistics are exchanged before every save and export) or sync mode."
+                )
 
     def _report_memory(self, step: int, cbs: list[Callback], bar: ProgressBar | None) -> None:
         """Gather a memory report (a collective) and hand it to the callbacks and the bar."""

@@ -39,6 +39,11 @@ class ParameterServer(Protocol):
         ...
 
     @property
+    def asynchronous(self) -> bool:
+        """True for :class:`~tnrec.ps.asynchronous.AsyncPS`: steps take no collective."""
+        ...
+
+    @property
     def tables(self) -> dict[str, SparseTable]:
         """This worker's tables (its shard of each, when sharded), by name."""
         ...

@@ -31,6 +31,7 @@ class LocalPS:
 
     rank = 0
     world_size = 1
+    asynchronous = False
 
     def __init__(self, tables: Mapping[str, SparseTable]) -> None:
         self.tables = dict(tables)

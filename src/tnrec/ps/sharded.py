@@ -93,6 +93,8 @@ class ShardedPS:
         comm: the collectives.
     """
 
+    asynchronous = False
+
     def __init__(self, tables: Mapping[str, SparseTable], comm: Comm) -> None:
         self.tables = dict(tables)
         self.comm = comm

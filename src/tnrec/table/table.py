@@ -273,6 +273,12 @@ class SparseTable(RowAccess):
         """Return the number of rows of each of the 1024 buckets (a copy)."""
         return self._bucket_rows.copy()
 
+    def contains(self, keys: Keys) -> npt.NDArray[np.bool_]:
+        """Return which of the int64 ``keys`` have a row (``bool[n]``)."""
+        found = np.empty(keys.shape[0], dtype=np.int32)
+        rows.lookup_rows(self._slots, keys, found)
+        return found >= 0
+
     def keys(self) -> Keys:
         """Return every key, sorted ascending (8 bytes a key; sorted in place)."""
         keys = np.empty(self._count, dtype=np.int64)
