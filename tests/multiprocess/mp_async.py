@@ -127,7 +127,26 @@ def run_k0(rank: int, world: int, args: list[str]) -> dict[str, np.ndarray]:
     return contract("adagrad", rank, world)
 
 
-SCENARIOS = {"train": run_train, "crash": run_crash, "k0": run_k0}
+def run_resume(rank: int, world: int, args: list[str]) -> dict[str, np.ndarray]:
+    """Load a checkpoint (written in sync mode by one process), dump it, train one async epoch."""
+    torch.manual_seed(1)  # other initial dense weights than the checkpoint's
+    model = ContractModel(OPTIMIZERS["adagrad"]())
+    model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
+    model.load_weights(args[0])
+    out: dict[str, np.ndarray] = {}
+    _dump(model, out, "loaded")
+    out["loaded/opt/step"] = np.array(
+        [float(st["step"]) for st in model.optimizer.state.values()], np.float64
+    )
+    model.fit(part_of(rank, world, 10), verbose=0)
+    _dump(model, out, "trained")
+    out["trained/opt/step"] = np.array(
+        [float(st["step"]) for st in model.optimizer.state.values()], np.float64
+    )
+    return out
+
+
+SCENARIOS = {"train": run_train, "crash": run_crash, "k0": run_k0, "resume": run_resume}
 
 
 def main() -> None:

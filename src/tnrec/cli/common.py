@@ -30,19 +30,23 @@ GLOB_DAY = "train"  # the day label of a config with data.train globs instead of
 
 
 def current_or_new_strategy(
-    timeout_s: float | None = None, memory_limit_bytes: int | None = None
+    timeout_s: float | None = None,
+    memory_limit_bytes: int | None = None,
+    mode: str = "sync",
+    staleness: int = 4,
 ) -> PsStrategy:
     """The current strategy; created on first use from the launcher's environment.
 
     ``timeout_s`` (``distributed.timeout_s``, or ``--timeout-s``) is the
     collective timeout of the process group this creates and
     ``memory_limit_bytes`` (``distributed.memory_limit_bytes``) the limit of
-    this worker's tables; an existing strategy is kept.
+    this worker's tables, ``mode`` and ``staleness`` (``distributed.mode``,
+    ``distributed.staleness``) sync or async training; an existing strategy is kept.
     """
     s = current_strategy()
     if s is not None:
         return s
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"mode": mode, "staleness": staleness}
     if memory_limit_bytes is not None:
         kwargs["memory_limit_bytes"] = memory_limit_bytes
     if timeout_s is not None:

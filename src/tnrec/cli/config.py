@@ -79,6 +79,8 @@ Every key, with its default::
     [distributed]                  # under torchrun (tnrec.distribute.PsStrategy)
     timeout_s = 300.0              # a collective not done within this fails, naming rank and phase
     memory_limit_bytes = 8000000000  # optional: the most bytes one worker's tables may hold
+    mode = "sync"                  # sync | async (docs/async.md): async steps never wait for
+    staleness = 4                  # another worker; async: most own steps with pushes in flight
 
 Integers are checked against their range (``seed`` >= 0; ``embedding_dim``,
 ``hidden_units``, ``epochs``, ``batch_size``, ``log_every``,
@@ -244,10 +246,12 @@ class AdmissionConfig:
 
 @dataclass
 class DistributedConfig:
-    """``[distributed]``: the collective timeout under torchrun and the worker's memory limit."""
+    """``[distributed]``: the collective timeout, the worker's memory limit, sync or async mode."""
 
     timeout_s: float = 300.0
     memory_limit_bytes: int | None = None
+    mode: str = "sync"
+    staleness: int = 4
 
 
 @dataclass
@@ -464,6 +468,15 @@ def _check_values(where: str, c: RunConfig) -> None:
     positive("checkpoint.save_every_n_steps", c.checkpoint.save_every_n_steps)
     positive("checkpoint.keep", c.checkpoint.keep)
     positive("checkpoint.save_every_days", c.checkpoint.save_every_days)
+    if c.distributed.mode not in ("sync", "async"):
+        raise ConfigError(
+            f'{where}: "distributed.mode" must be "sync" or "async". '
+            f"Received: {c.distributed.mode!r}."
+        )
+    if c.distributed.staleness < 0:
+        raise ConfigError(
+            f'{where}: "distributed.staleness" must be >= 0. Received: {c.distributed.staleness!r}.'
+        )
     if c.distributed.timeout_s <= 0:
         raise ConfigError(
             f'{where}: "distributed.timeout_s" must be > 0. Received: {c.distributed.timeout_s!r}.'

@@ -208,9 +208,8 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
             another model's checkpoint.
         DistributedError: on the other workers when rank 0 cannot write the model dir.
     """
-    strategy = current_or_new_strategy(
-        cfg.distributed.timeout_s, cfg.distributed.memory_limit_bytes
-    )
+    d = cfg.distributed
+    strategy = current_or_new_strategy(d.timeout_s, d.memory_limit_bytes, d.mode, d.staleness)
     rank = strategy.rank
     _check_same_config(strategy, cfg)
     if cfg.train.steps_per_epoch is not None:

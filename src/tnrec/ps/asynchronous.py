@@ -118,6 +118,31 @@ def shutdown_rpc() -> None:
     rpc.shutdown(graceful=True)
 
 
+class PushWindow:
+    """This worker's pushes in flight, by step: what a pull waits for (``staleness``)."""
+
+    def __init__(self) -> None:
+        self._steps: deque[tuple[int, list[tuple[int, Any]]]] = deque()  # (step, [(dest, fut)])
+        self.max_outstanding = 0
+
+    def add(self, step: int, futures: list[tuple[int, Any]]) -> None:
+        """Record the futures of step ``step``'s pushes (``(owner, future)`` pairs)."""
+        self._steps.append((step, futures))
+
+    def wait_before(self, oldest_allowed: int, wait: Any) -> None:
+        """Wait (``wait(future, owner, phase)``) for every push of the steps before
+        ``oldest_allowed``; then note how many steps still have pushes unapplied."""
+        while self._steps and self._steps[0][0] < oldest_allowed:
+            step, futures = self._steps.popleft()
+            for dest, fut in futures:
+                wait(fut, dest, f"push of step {step + 1}")
+        self.max_outstanding = max(self.max_outstanding, self.outstanding())
+
+    def outstanding(self) -> int:
+        """The steps with a push not yet applied."""
+        return sum(1 for _, fs in self._steps if not all(f.done() for _, f in fs))
+
+
 class _DenseShard:
     """One worker's range of the flattened dense parameters and its optimizer."""
 
@@ -161,9 +186,8 @@ class AsyncPS:
         self._id = next(_ids)
         _SERVERS[self._id] = self
         self._pulled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._inflight: deque[tuple[int, list[Any]]] = deque()  # (step, push futures)
+        self._window = PushWindow()
         self.steps = 0  # pushes this worker made
-        self.max_outstanding = 0  # the most own steps with pushes unapplied at a pull
         self.pushes_applied = 0  # other workers' pushes this worker applied as an owner
         self._dense: _DenseShard | None = None
         self._bounds: list[int] = []
@@ -231,12 +255,7 @@ class AsyncPS:
 
     def _wait_pushes(self, oldest_allowed: int) -> None:
         """Wait until every push of this worker's steps before ``oldest_allowed`` is applied."""
-        while self._inflight and self._inflight[0][0] < oldest_allowed:
-            step, futures = self._inflight.popleft()
-            for dest, fut in futures:
-                self._wait(fut, dest, f"push of step {step + 1}")
-        outstanding = sum(1 for _, fs in self._inflight if not all(f.done() for _, f in fs))
-        self.max_outstanding = max(self.max_outstanding, outstanding)
+        self._window.wait_before(oldest_allowed, self._wait)
 
     def pull(
         self,
@@ -352,8 +371,13 @@ class AsyncPS:
                     [torch.from_numpy(p) for p in parts],
                 )
                 futures.append((dest, rpc.rpc_async(_name(dest), _remote_push, args=args)))
-        self._inflight.append((self.steps, futures))
+        self._window.add(self.steps, futures)
         self.steps += 1
+
+    @property
+    def max_outstanding(self) -> int:
+        """The most of this worker's steps whose pushes were not all applied at a pull."""
+        return self._window.max_outstanding
 
     def wait_pushes(self) -> None:
         """Wait until every push this worker made has been applied by its owner."""

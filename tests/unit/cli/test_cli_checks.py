@@ -168,6 +168,18 @@ def run_dir(tmp_path, tiny_data):
         ),
         pytest.param(
             "[train]",
+            '[distributed]\nmode = "hogwild"\n[train]',
+            r'"distributed.mode" must be "sync" or "async". Received: \'hogwild\'.',
+            id="mode",
+        ),
+        pytest.param(
+            "[train]",
+            "[distributed]\nstaleness = -1\n[train]",
+            r'"distributed.staleness" must be >= 0. Received: -1.',
+            id="staleness",
+        ),
+        pytest.param(
+            "[train]",
             "[distributed]\ntimeout = 5\n[train]",
             r'unknown key "distributed.timeout"; did you mean "distributed.timeout_s"\?',
             id="timeout-typo",
@@ -212,19 +224,23 @@ def test_distributed_timeout_reaches_the_strategy(run_dir, tiny_model, monkeypat
     seen = []
 
     class Recorder:
-        def __init__(self, timeout_s=None):
+        def __init__(self, timeout_s=None, mode="sync", staleness=4):
             seen.append(timeout_s)
+            modes.append((mode, staleness))
             raise DistributedError("stop here")
 
+    modes = []
     monkeypatch.setattr("tnrec.cli.common.current_strategy", lambda: None)
     monkeypatch.setattr("tnrec.cli.common.PsStrategy", Recorder)
-    cfg = write(run_dir, TINY.replace("[train]", "[distributed]\ntimeout_s = 12.5\n[train]"))
+    section = '[distributed]\ntimeout_s = 12.5\nmode = "async"\nstaleness = 2\n[train]'
+    cfg = write(run_dir, TINY.replace("[train]", section))
     assert main(["train", "--config", cfg]) == 2
     assert main(["train", "--config", cfg, "--timeout-s", "3"]) == 2
     assert main(["evaluate", "--model-dir", str(tiny_model)]) == 2  # the run config's: 300
     predict = ["predict", "--model-dir", str(tiny_model), "--output", "p", "--timeout-s", "7"]
     assert main(predict) == 2
     assert seen == [12.5, 3.0, 300.0, 7.0]
+    assert modes[:2] == [("async", 2), ("async", 2)]
     assert "tnrec predict: error: stop here" in capsys.readouterr().err
 
 
@@ -370,7 +386,8 @@ def test_json_output_is_strict_nan_becomes_null(run_dir, tiny_data, tiny_model, 
     assert [r["val_auc"] for r in records if r["event"] == "train"] == [None]
     config = strict_json((run_dir / "out" / "config.json").read_text())
     assert (
-        config["distributed"] == {"timeout_s": 300.0, "memory_limit_bytes": None}
+        config["distributed"]
+        == {"timeout_s": 300.0, "memory_limit_bytes": None, "mode": "sync", "staleness": 4}
         and config["data"]["on_bad_row"] == "raise"
     )
 

@@ -87,7 +87,7 @@ def test_a_config_json_written_before_the_dataclasses_reads_back(tmp_path):
     # keys added since read back as their defaults; every old key is kept as it was
     want = json.loads(json.dumps(OLD_CONFIG_JSON))
     want["eviction"].update(max_rows=None, low_water=0.95)
-    want["distributed"]["memory_limit_bytes"] = None
+    want["distributed"].update(memory_limit_bytes=None, mode="sync", staleness=4)
     want["checkpoint"]["save_every_days"] = 1
     want["schedule"] = None
     want["data"]["compression"] = "auto"
@@ -110,7 +110,8 @@ def test_key_digests_name_every_leaf_key_in_a_fixed_order():
     keys = [k for k, _ in key_digests(cfg)]
     assert keys[:5] == ["seed", "output_dir", "columns", "model.name", "model.embedding_dim"]
     assert "optimizer.sparse" in keys and "optimizer" not in keys and "data" not in keys
-    assert keys[-2:] == ["distributed.memory_limit_bytes", "model_dir"] and len(keys) == 46
+    assert keys[-2:] == ["distributed.staleness", "model_dir"] and len(keys) == 48
+    assert "distributed.mode" in keys
     assert "admission.min_show" in keys and "eviction.max_rows" in keys
 
 
