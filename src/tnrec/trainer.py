@@ -12,7 +12,8 @@ import torch
 
 from tnrec import metrics as metrics_lib
 from tnrec.callbacks import Callback, History, ProgressBar
-from tnrec.data import Batch
+from tnrec.data import Batch, Reader
+from tnrec.data.balance import BalancedReader
 from tnrec.errors import ArgumentError, DataError, EmptyInputError
 from tnrec.losses import SINGLE, Head, label_problem, weight_problem
 from tnrec.memory import format_memory, memory_report
@@ -156,23 +157,59 @@ class TrainingLoops:
 
     # -------------------------------------------------------------------------- loops
 
-    def worker_part(self, data: DataT) -> DataT:
+    def worker_part(self, data: DataT, balance: bool = False) -> DataT:
         """Return the part of ``data`` this worker reads (``fit``/``evaluate``/``predict`` use it).
 
         With W > 1 workers a whole tnrec reader (one whose ``world_size`` is 1) is
-        split: ``data.split(rank, W)``. Anything else -- a reader already split,
-        a list of batches -- is taken as this worker's part already, and in one
-        process every ``data`` is its own part.
+        split: ``data.split(rank, W)``, or with ``balance`` wrapped in a
+        :class:`~tnrec.data.balance.BalancedReader` (its units handed out as
+        workers run dry; see :meth:`fit`). Anything else -- a reader already
+        split, a list of batches -- is taken as this worker's part already, and
+        in one process every ``data`` is its own part.
+
+        Raises:
+            ArgumentError: ``balance`` with ``data`` that is not a whole tnrec
+                reader (nor a balanced part), or in async mode.
 
         Example:
             >>> # part = model.worker_part(tn.data.read_parquet(files, cols))
             >>> # part.seek(position); model.fit(part)   # resume where this worker stopped
         """
+        if balance:
+            return cast(DataT, self._balanced_part(data))
         W = self.ps.world_size
         split = getattr(data, "split", None)
         if W > 1 and getattr(data, "world_size", None) == 1 and split is not None:
             return cast(DataT, split(self.ps.rank, W))
         return data
+
+    def _balanced_part(self, data: Iterable[Batch]) -> Iterable[Batch]:
+        """Return this worker's :class:`BalancedReader` of ``data`` (in one process: ``data``)."""
+        W, rank = self.ps.world_size, self.ps.rank
+        if isinstance(data, BalancedReader):
+            if (data.rank, data.world_size) != (rank, W):
+                raise ArgumentError(
+                    f"`balance=True`: the BalancedReader is rank {data.rank} of "
+                    f"{data.world_size}; this worker is rank {rank} of {W}."
+                )
+            return data
+        if not isinstance(data, Reader) or data.world_size != 1:
+            got = (
+                f"part {data.rank} of {data.world_size} of a split reader"
+                if isinstance(data, Reader)
+                else type(data).__name__
+            )
+            raise ArgumentError(
+                "`balance=True` hands out the units (Parquet row groups, files) of one whole "
+                "tnrec reader, so `data` must be a reader from read_parquet, read_csv, "
+                f"read_criteo or read_tfrecord, not split. Received: data={got}."
+            )
+        if self.ps.asynchronous:
+            raise ArgumentError(
+                "`balance=True` is for sync mode; in async mode a worker out of data already "
+                "stops without waiting for the others. Pass balance=False."
+            )
+        return data if W == 1 else BalancedReader(data, rank, W)
 
     def _synced(
         self, part: Iterable[Batch], steps: int | None, pipe: InputPipeline | None = None
@@ -185,6 +222,9 @@ class TrainingLoops:
         sure to run, asks the thread for the next batch (none after the last
         of ``steps``), so the thread reads exactly the batches this loop takes.
         """
+        if isinstance(part, BalancedReader):
+            yield from self._balanced_steps(part, steps)
+            return
         it = iter(part) if pipe is None else None
         template: Batch | None = None
         step = 0
@@ -204,6 +244,16 @@ class TrainingLoops:
             step += 1
             if pipe is not None and (steps is None or step < steps):
                 pipe.request()  # read and prepare the next batch while this step computes
+            yield batch
+
+    def _balanced_steps(self, part: BalancedReader, steps: int | None) -> Iterator[Batch]:
+        """Yield a balanced epoch's batches (one all-reduce a step, in :meth:`next_step`)."""
+        step = 0
+        while steps is None or step < steps:
+            batch = part.next_step(self.ps.all_reduce_sum)
+            if batch is None:
+                return
+            step += 1
             yield batch
 
     @staticmethod
@@ -229,6 +279,7 @@ class TrainingLoops:
         verbose: int = 1,
         log_every: int = 100,
         pipeline: bool = False,
+        balance: bool = False,
     ) -> History:
         """Train for ``epochs`` passes over ``data`` (batches, re-iterated each epoch).
 
@@ -267,13 +318,29 @@ class TrainingLoops:
                 GIL against the step's), and DeepFM's steps, whose input it
                 hides almost wholly, ran 0.98x (1 worker) and 1.02x (2)
                 (``bench/fit_bench.py``, ``bench/dist_bench.py``).
+            balance: on W > 1 workers in sync mode, hand out the units of
+                ``data`` (a whole tnrec reader; Parquet row groups, or files
+                for text and TFRecord) from a queue every worker holds, so a
+                worker that finishes its units takes the next ones
+                (:mod:`tnrec.data.balance`, TensorNet's ``BalanceDataset``):
+                with uneven units the epoch takes about as many steps as the
+                rows over the global batch, not as the largest static part.
+                Every row is still trained exactly once per epoch; a batch
+                never spans two units, so each unit's last batch may be
+                short; the rows are shuffled within units. The step's one
+                all-reduce carries a ``[W]`` vector of "has a batch" flags.
+                :attr:`fit_data`'s ``position()`` records the assignment so a
+                resume on as many workers is exact. Not with ``pipeline`` on
+                W > 1 workers; in one process it changes nothing.
 
         Returns:
             The :class:`~tnrec.callbacks.History` of per-epoch metrics (global
             over workers).
 
         Raises:
-            ArgumentError: ``epochs`` or ``pipeline`` is invalid.
+            ArgumentError: ``epochs``, ``pipeline`` or ``balance`` is invalid, or
+                ``balance`` with ``data`` that is not a whole tnrec reader, with
+                ``pipeline`` on W > 1 workers, or in async mode.
         """
         self._require_compiled("fit")
         if not isinstance(epochs, int) or epochs < 0:
@@ -282,8 +349,16 @@ class TrainingLoops:
             raise ArgumentError(
                 f"`pipeline` must be True or False. Received: pipeline={pipeline!r}."
             )
+        if not isinstance(balance, bool):
+            raise ArgumentError(f"`balance` must be True or False. Received: balance={balance!r}.")
+        if balance and pipeline and self.ps.world_size > 1:
+            raise ArgumentError(
+                "`balance=True` cannot run with `pipeline=True` on several workers: the next "
+                "unit is chosen at the step, after the input thread would have read it. Pass "
+                "one of them."
+            )
         history = History()
-        self.fit_data = part = self.worker_part(data)
+        self.fit_data = part = self.worker_part(data, balance)
         if pipeline and hasattr(part, "position"):
             self.fit_data = PipelinedData(part)  # position() of the steps, not of the read-ahead
         self.fit_pipelined = pipeline

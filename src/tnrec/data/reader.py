@@ -31,7 +31,7 @@ from tnrec import _fileio
 from tnrec.data.batch import Batch
 from tnrec.data.decode import Schema, decode
 from tnrec.data.files import Unit, check_split, split_units
-from tnrec.data.sources import ROW_BITS, Source
+from tnrec.data.sources import ROW_BITS, ParquetSource, Source
 from tnrec.errors import ArgumentError, DataError
 
 POSITION_VERSION = 1
@@ -219,6 +219,7 @@ class Reader:
         self._active: _Prefetcher | None = None
         self._gen: Iterator[Batch] | None = None
         self.stats = ReaderStats()
+        self._salt: tuple[int, ...] = ()  # extra seed of the row shuffle (a unit's own stream)
         self._fingerprint = self._make_fingerprint()
 
     # ------------------------------------------------------------------ public
@@ -272,6 +273,53 @@ class Reader:
         part._active = None
         part._gen = None
         part.stats = ReaderStats()
+        part._fingerprint = part._make_fingerprint()
+        return part
+
+    def balance_units(self, min_rows: int = 1) -> list[Unit]:
+        """Return the units a balanced ``fit`` hands out, in file order.
+
+        Parquet: runs of consecutive row groups of one file, each of at least
+        ``min_rows`` rows (a file's last run may hold fewer; row groups without
+        rows are left out); text and TFRecord: one unit per file.
+
+        Raises:
+            ArgumentError: this reader is already a part of a split.
+        """
+        if self.world_size != 1:
+            raise ArgumentError(
+                f"Reader.balance_units: this reader is part {self.rank} of {self.world_size}; "
+                "balance the full reader."
+            )
+        if not isinstance(self._source, ParquetSource):
+            return list(self._units)
+        units = []
+        for i, sizes in enumerate(self._source.row_group_rows(self._files)):
+            run: list[int] = []
+            rows = 0
+            for g, n in enumerate(sizes):
+                if n:
+                    run.append(g)
+                    rows += n
+                if run and (rows >= min_rows or g == len(sizes) - 1):
+                    units.append(Unit(i, self._files[i], row_groups=tuple(run)))
+                    run, rows = [], 0
+        return units
+
+    def unit_reader(self, unit: Unit, epoch: int, stream: int) -> Reader:
+        """Return a reader of ``unit`` alone, at the start of ``epoch``.
+
+        Its windows are shuffled (with ``shuffle=True``) by ``rng(seed, epoch,
+        window, stream)``, so units read in one epoch get different permutations.
+        It shares this reader's :attr:`stats`.
+        """
+        part = Reader.__new__(Reader)
+        part.__dict__.update(self.__dict__)
+        part._units = [unit]
+        part._salt = (int(stream),)
+        part._pos = _Pos(epoch=int(epoch))
+        part._active = None
+        part._gen = None
         part._fingerprint = part._make_fingerprint()
         return part
 
@@ -357,6 +405,8 @@ class Reader:
             "window_rows": self._window_rows,
             "on_bad_row": self.on_bad_row,
         }
+        if self._salt:
+            doc["stream"] = list(self._salt)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def _consume(self) -> Iterator[Batch]:
@@ -409,8 +459,8 @@ class Reader:
             missing.update(win.missing)
             b = win.batch
             if self.shuffle:
-                perm = np.random.default_rng([self.seed, epoch, 1, win.index]).permutation(b.size)
-                b = b.take(perm)
+                rng = np.random.default_rng([self.seed, epoch, 1, win.index, *self._salt])
+                b = b.take(rng.permutation(b.size))
             at, skip = skip, 0
             while at < b.size:
                 take = min(self.batch_size - have, b.size - at)

@@ -70,6 +70,14 @@ class ParquetSource:
         """Return ``{"row_group_counts": [...]}``."""
         return {"row_group_counts": [_parquet(p).metadata.num_row_groups for p in files]}
 
+    def row_group_rows(self, files: Sequence[str]) -> list[list[int]]:
+        """Return the rows of every row group of every file (from the footers)."""
+        out = []
+        for p in files:
+            md = _parquet(p).metadata
+            out.append([md.row_group(g).num_rows for g in range(md.num_row_groups)])
+        return out
+
     def read(self, unit: Unit, start_row: int, fields: Sequence[str]) -> Iterator[Chunk]:
         """Yield the unit's rows from ``start_row`` on, row group by row group."""
         pf = _parquet(unit.path)
