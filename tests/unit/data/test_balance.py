@@ -172,11 +172,11 @@ def test_the_next_epoch_reads_every_row_again_shuffled(tmp_path):
 @pytest.mark.parametrize("after", [1, 3, 5], ids=["step1", "step3", "step5"])
 def test_a_resume_from_the_positions_trains_every_row_once_in_total(tmp_path, after):
     paths = write_files(str(tmp_path), [30, 10, 7, 0, 9], group=3)
-    full, full_steps, _ = run(balanced(paths, 2, shuffle=True, seed=1, shuffle_buffer_rows=2))
-    parts = balanced(paths, 2, shuffle=True, seed=1, shuffle_buffer_rows=2)
+    full, full_steps, _ = run(balanced(paths, 2, shuffle=True, seed=1, shuffle_buffer_rows=6))
+    parts = balanced(paths, 2, shuffle=True, seed=1, shuffle_buffer_rows=6)
     head, _, _ = run(parts, max_steps=after)
     positions = [p.position() for p in parts]
-    resumed = balanced(paths, 2, shuffle=True, seed=1, shuffle_buffer_rows=2)
+    resumed = balanced(paths, 2, shuffle=True, seed=1, shuffle_buffer_rows=6)
     for p, pos in zip(resumed, positions, strict=True):
         p.seek(pos)
     tail, tail_steps, _ = run(resumed)
