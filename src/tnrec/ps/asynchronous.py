@@ -52,6 +52,7 @@ import itertools
 import os
 import socket
 import threading
+import warnings
 from collections import deque
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -97,12 +98,14 @@ def init_rpc(comm: Comm, host: str, timeout_s: float, threads: int = 4) -> None:
     # torchrun tells rendezvous to join its agent's store; this rendezvous has its own, on rank 0
     agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     try:
-        rpc.init_rpc(
-            _name(comm.rank),
-            rank=comm.rank,
-            world_size=comm.world_size,
-            rpc_backend_options=options,
-        )
+        with warnings.catch_warnings():  # rpc's own use of the gloo group warns of its API
+            warnings.filterwarnings("ignore", message="You are using a Backend")
+            rpc.init_rpc(
+                _name(comm.rank),
+                rank=comm.rank,
+                world_size=comm.world_size,
+                rpc_backend_options=options,
+            )
     except (RuntimeError, ValueError) as e:
         raise DistributedError(
             f"rank {comm.rank}/{comm.world_size}: cannot start async mode's RPC group at "
