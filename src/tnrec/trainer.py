@@ -221,6 +221,8 @@ class TrainingLoops:
         ``pipe`` the batches come from its thread, and each step, once it is
         sure to run, asks the thread for the next batch (none after the last
         of ``steps``), so the thread reads exactly the batches this loop takes.
+        A :class:`BalancedReader` part takes its batches in step with the
+        others' (:meth:`BalancedReader.next_step`, the same one all-reduce).
         """
         if isinstance(part, BalancedReader):
             yield from self._balanced_steps(part, steps)
@@ -351,6 +353,7 @@ class TrainingLoops:
             )
         if not isinstance(balance, bool):
             raise ArgumentError(f"`balance` must be True or False. Received: balance={balance!r}.")
+        balance = balance or isinstance(data, BalancedReader)  # a balanced part from worker_part
         if balance and pipeline and self.ps.world_size > 1:
             raise ArgumentError(
                 "`balance=True` cannot run with `pipeline=True` on several workers: the next "
