@@ -97,6 +97,7 @@ def train_days(
     wrap: Callable[[Any], Any] | None = None,
     log_every: int = 100,
     pipeline: bool = False,
+    balance: bool = False,
 ) -> list[DayReport]:
     """Train ``days`` (``(dt, make_reader)`` pairs, in order) with checkpoints in ``model_dir``.
 
@@ -123,6 +124,9 @@ def train_days(
         pipeline: ``fit``'s input pipeline (the next batch read and prepared
             while a step computes; bit-identical either way; off by default,
             see :meth:`tnrec.Model.fit`).
+        balance: hand out each day's units (Parquet row groups, files) to the
+            workers as they run dry (``fit(balance=True)``, sync mode on
+            W > 1 workers); the day's parts are then not wrapped by ``wrap``.
 
     Returns:
         One :class:`DayReport` per day.
@@ -159,6 +163,7 @@ def train_days(
             wrap=wrap,
             log_every=log_every,
             pipeline=pipeline,
+            balance=balance,
         )
 
 
@@ -177,6 +182,7 @@ def _train_days(
     wrap: Callable[[Any], Any] | None,
     log_every: int,
     pipeline: bool,
+    balance: bool,
 ) -> list[DayReport]:
     """:func:`train_days` under the model-dir lock."""
     labels = [dt for dt, _ in days]
@@ -199,12 +205,15 @@ def _train_days(
                 day.next_day_auc = model.evaluate(make_reader(), verbose=0).get("auc")
             except EmptyInputError:
                 day.next_day_auc = None  # nothing to score; training the day says why
-        part = model.worker_part(make_reader())
+        part = model.worker_part(make_reader(), balance=balance)
         position = report.position if report is not None and dt == done_dt and not done else None
         first_epoch = 0
         if position is not None and hasattr(part, "seek"):
             part.seek(position)
             day.resumed = True
+        if position is not None and balance:  # every worker is in the same balanced epoch
+            first_epoch = int(getattr(part, "epoch", 0))
+        elif position is not None and hasattr(part, "seek"):
             # A worker may already be in a later epoch (its part ran out first): resume from
             # the earliest epoch any worker is in; the others join those steps empty-handed.
             first_epoch = int(
@@ -222,12 +231,13 @@ def _train_days(
                 )
             )
         model.fit(
-            wrap(part) if wrap is not None else part,
+            wrap(part) if wrap is not None and not balance else part,
             epochs=max(epochs - first_epoch, 0),
             callbacks=[*cbs, *callbacks],
             verbose=verbose,
             log_every=log_every,
             pipeline=pipeline,
+            balance=balance,
         )
         created = {n: _sizes(model)[n] - before[n] for n in before}  # global already
         evicted = end_day(model, dt)

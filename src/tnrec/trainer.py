@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -102,7 +103,7 @@ class TrainingLoops:
                     return problem
         return weight_problem(batch.weights, batch.row_ids)
 
-    def _global_size(self, batch: Batch, where: str) -> tuple[float, float]:
+    def _global_size(self, batch: Batch | None, where: str) -> tuple[float, float]:
         """Return ``(rows, sum of sample weights)`` of the global batch (one all-reduce).
 
         The same all-reduce tells every worker whether any worker's batch failed
@@ -112,10 +113,14 @@ class TrainingLoops:
             DataError: a label lies outside its head's range, or a sample weight is
                 negative or not finite, in this worker's batch or another's.
         """
-        problem = self._batch_problem(batch)
-        w = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
+        problem = self._batch_problem(batch) if batch is not None else None
+        if batch is None:  # this worker has no batch: it takes part in the all-reduce
+            size, w = 0, 0.0
+        else:
+            size = batch.size
+            w = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
         flag = problem is not None
-        total = self.ps.all_reduce_sum(np.array([batch.size, 0.0 if flag else w, flag]))
+        total = self.ps.all_reduce_sum(np.array([size, 0.0 if flag else w, flag]))
         if problem is not None:
             raise DataError(f"{where}: {problem} Nothing was updated.")
         if total[2]:
@@ -212,7 +217,11 @@ class TrainingLoops:
         return data if W == 1 else BalancedReader(data, rank, W)
 
     def _synced(
-        self, part: Iterable[Batch], steps: int | None, pipe: InputPipeline | None = None
+        self,
+        part: Iterable[Batch],
+        steps: int | None,
+        pipe: InputPipeline | None = None,
+        lockstep: bool = True,
     ) -> Iterator[Batch]:
         """Yield batches while any worker has one; a worker out of data yields empty batches.
 
@@ -223,6 +232,7 @@ class TrainingLoops:
         of ``steps``), so the thread reads exactly the batches this loop takes.
         A :class:`BalancedReader` part takes its batches in step with the
         others' (:meth:`BalancedReader.next_step`, the same one all-reduce).
+        Without ``lockstep`` (async training) a worker stops when its part ends.
         """
         if isinstance(part, BalancedReader):
             yield from self._balanced_steps(part, steps)
@@ -234,7 +244,7 @@ class TrainingLoops:
             batch = next(it, None) if it is not None else pipe.take()  # type: ignore[union-attr]
             if batch is not None:
                 template = batch
-            if self.ps.world_size == 1 or self.ps.asynchronous:  # no step waits for another worker
+            if self.ps.world_size == 1 or not lockstep:
                 if batch is None:
                     return
             else:
@@ -421,13 +431,15 @@ class TrainingLoops:
         if view is not None:
             view.pipeline = pipe
         ps = self.ps
+        batches = self._synced(part, steps_per_epoch, pipe, lockstep=not isinstance(ps, AsyncPS))
         if isinstance(ps, AsyncPS):
             self._check_async()
+            first = next(batches, None)
+            self._before_async_epoch(first)  # a collective, before any step of any worker
             ps.begin_epoch(self._dense_parameters(), self._compiled_optimizer())
+            batches = itertools.chain([first] if first is not None else [], batches)
         try:
-            steps = self._fit_steps(
-                self._synced(part, steps_per_epoch, pipe), pipe, cbs, bar, log_every
-            )
+            steps = self._fit_steps(batches, pipe, cbs, bar, log_every)
             if isinstance(ps, AsyncPS):  # every worker's pushes applied, the dense state back
                 ps.end_epoch(self._dense_parameters(), self._compiled_optimizer())
             return steps
@@ -475,6 +487,15 @@ class TrainingLoops:
                 for cb in cbs:
                     cb.on_memory_report(step, report)
         return steps
+
+    def _before_async_epoch(self, first: Batch | None) -> None:
+        """Set up what needs every worker before an async epoch's steps (a collective).
+
+        ``first`` is this worker's first batch of the epoch (None: it has
+        none). Async steps take no collective, so a model whose first step
+        needs one (the zoo models' bias from the global batch's labels) takes
+        it here. Nothing by default.
+        """
 
     def _dense_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

@@ -146,7 +146,25 @@ def run_resume(rank: int, world: int, args: list[str]) -> dict[str, np.ndarray]:
     return out
 
 
-SCENARIOS = {"train": run_train, "crash": run_crash, "k0": run_k0, "resume": run_resume}
+def run_empty(rank: int, world: int, args: list[str]) -> dict[str, np.ndarray]:
+    """Rank 1 has no batch at all: rank 0 trains its part, the epoch still ends on both."""
+    torch.manual_seed(0)
+    model = ContractModel(OPTIMIZERS["adagrad"]())
+    model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
+    part = part_of(rank, world, 10) if rank == 0 else []
+    model.fit(part, epochs=2, verbose=0)
+    out = {"steps": np.array(model.global_step)}
+    _dump(model, out, "trained")
+    return out
+
+
+SCENARIOS = {
+    "empty": run_empty,
+    "train": run_train,
+    "crash": run_crash,
+    "k0": run_k0,
+    "resume": run_resume,
+}
 
 
 def main() -> None:

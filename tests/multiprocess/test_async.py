@@ -126,6 +126,17 @@ def test_staleness_zero_is_sync_mode(launch, tmp_path):
             np.testing.assert_allclose(ours[tname][array], v, rtol=1e-5, atol=1e-6)
 
 
+def test_a_worker_without_any_data(launch, tmp_path):
+    res = run(launch, 2, "empty", tmp_path, 1)
+    assert res.returncode == 0, res.stdout + res.stderr
+    parts = load(tmp_path, "empty", 2)
+    assert int(parts[0]["steps"]) == 2 * 20 and int(parts[1]["steps"]) == 0
+    for k in parts[0]:
+        if k.startswith("trained/dense/"):
+            np.testing.assert_array_equal(parts[0][k], parts[1][k])
+    assert sum(p["trained/table/c/keys"].shape[0] for p in parts) > 0
+
+
 def test_a_killed_worker_fails_the_others_with_a_clear_error(launch, tmp_path):
     res = run(launch, 2, "crash", tmp_path, 2)
     assert res.returncode != 0

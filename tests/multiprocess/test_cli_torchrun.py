@@ -97,3 +97,22 @@ def test_workers_with_different_configs_or_output_dirs_fail_fast(launch, tmp_pat
     assert res.returncode != 0
     assert res.stderr.count("rank 1 differs from rank 0 in output_dir, model_dir.") == 2
     assert not (tmp_path / "out0").exists() and not (tmp_path / "out1").exists()
+
+
+def test_train_on_two_workers_async_and_balanced(launch, tmp_path):
+    """`[distributed] mode = "async"` and `[train] balance = true` each train every row once."""
+    generate(tmp_path / "data", SyntheticConfig(rows_per_day=600, num_days=2, test_rows=50))
+    modes = {
+        "async": TOML.replace("[train]", '[distributed]\nmode = "async"\nstaleness = 2\n[train]'),
+        "balanced": TOML.replace("[train]", "[train]\nbalance = true"),
+    }
+    for name, toml in modes.items():
+        (tmp_path / f"{name}.toml").write_text(toml)
+        args = ["train", "--config", f"{name}.toml", "--output-dir", f"out-{name}"]
+        res = _torchrun(launch, args, str(tmp_path))
+        day_lines = [line for line in res.stdout.splitlines() if line.startswith("day ")]
+        assert [line.split(" - ")[0] for line in day_lines] == [
+            "day 2024-05-10: rows 600",
+            "day 2024-05-11: rows 600",
+        ], res.stdout
+        assert (tmp_path / f"out-{name}" / "model" / "2024-05-11").is_dir()

@@ -49,6 +49,7 @@ Every key, with its default::
     steps_per_epoch = 100          # optional; not with the daily cycle of ``tnrec train``
     log_every = 100                # steps between log lines
     pipeline = false               # true: read and prepare the next batch while a step computes
+    balance = false                # true: hand out row groups and files as workers run dry
 
     [checkpoint]                   # the model dir is a checkpoint root (tnrec.checkpoint)
     dir = "runs/tnrec/model"       # default: <output_dir>/model
@@ -209,6 +210,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None
     log_every: int = 100
     pipeline: bool = False
+    balance: bool = False
 
 
 @dataclass

@@ -246,6 +246,7 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
         wrap=log.wrap if log is not None else None,
         log_every=cfg.train.log_every,  # memory reports: on every worker, same steps
         pipeline=cfg.train.pipeline,
+        balance=cfg.train.balance,
     )
     secs = time.perf_counter() - start
     rows = sum(r.rows_trained for r in reports)

@@ -210,12 +210,18 @@ class ZooModel(Model):
         See :func:`initial_bias` for the value; the bias is left alone when it is
         not 0 (loaded weights) or the loss is not on logits.
         """
-        if self._bias_pending and self.training:
+        if self._bias_pending and self.training and not self.ps.asynchronous:
             self._init_bias(batch)
         return super().train_step(batch)
 
+    def _before_async_epoch(self, first: Any) -> None:
+        """In async mode the bias comes from every worker's first batch of the epoch."""
+        if self._bias_pending:
+            self._init_bias(first)
+
     def _init_bias(self, batch: Any) -> None:
-        """Set the bias from the global batch's labels (all workers take part)."""
+        """Set the bias from the global batch's labels (all workers take part; ``batch`` None:
+        this worker has no rows)."""
         bias = self.output_bias()
         head = self._heads[0] if len(self._heads) == 1 else None
         if (
@@ -228,8 +234,13 @@ class ZooModel(Model):
             return
         # the labels' checks (all workers raise together) come before they are read
         self._global_size(batch, f"{type(self).__name__}.train_step (step {self.global_step + 1})")
-        y = self._label(head, batch).astype(np.float64) if batch.size else np.zeros(0)  # [B]
-        w = batch.weights.astype(np.float64) if batch.weights is not None else np.ones_like(y)
+        has_rows = batch is not None and batch.size > 0
+        y = self._label(head, batch).astype(np.float64) if has_rows else np.zeros(0)  # [B]
+        w = (
+            batch.weights.astype(np.float64)
+            if has_rows and batch.weights is not None
+            else np.ones_like(y)
+        )
         # sums over every worker's rows: W workers start from the bias one worker would
         tot = self.ps.all_reduce_sum(np.array([w @ y, w.sum(), w @ w]))
         if tot[1] > 0:  # else (no rows, or zero weights) try again on the next step
