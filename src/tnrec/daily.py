@@ -207,19 +207,8 @@ def _train_days(
                 day.next_day_auc = None  # nothing to score; training the day says why
         part = model.worker_part(make_reader(), balance=balance)
         position = report.position if report is not None and dt == done_dt and not done else None
-        first_epoch = 0
-        if position is not None and hasattr(part, "seek"):
-            part.seek(position)
-            day.resumed = True
-        if position is not None and balance:  # every worker is in the same balanced epoch
-            first_epoch = int(getattr(part, "epoch", 0))
-        elif position is not None and hasattr(part, "seek"):
-            # A worker may already be in a later epoch (its part ran out first): resume from
-            # the earliest epoch any worker is in; the others join those steps empty-handed.
-            first_epoch = int(
-                ps.all_gather(np.array([getattr(part, "epoch", 0)], np.float64)).min()
-            )
-            part = _FromEpoch(part, first_epoch)
+        part, first_epoch = _resumed(model, part, position, balance)
+        day.resumed = position is not None and hasattr(part, "seek")
         before = _sizes(model)
         start_counters = _counters(model)
         counter = _RowCounter()
@@ -266,6 +255,19 @@ def _train_days(
         if verbose and ps.rank == 0:
             print(format_day(day), flush=True)
     return reports
+
+
+def _resumed(model: Model, part: Any, position: Any, balance: bool) -> tuple[Any, int]:
+    """Seek ``part`` to ``position`` (if any); return it and the first epoch ``fit`` trains."""
+    if position is None or not hasattr(part, "seek"):
+        return part, 0
+    part.seek(position)
+    if balance:  # every worker is in the same balanced epoch
+        return part, int(getattr(part, "epoch", 0))
+    # A worker may already be in a later epoch (its part ran out first): resume from the
+    # earliest epoch any worker is in; the others join those steps empty-handed.
+    first = int(model.ps.all_gather(np.array([getattr(part, "epoch", 0)], np.float64)).min())
+    return _FromEpoch(part, first), first
 
 
 class _FromEpoch:
