@@ -155,34 +155,15 @@ class TrainingSteps(TrainingLoops):
         rows, weight = self._global_size(batch, where)
         if rows == 0:
             return {}
-        opt = self.optimizer
-        if opt is None:
-            raise ArgumentError("Model.train_step: call model.compile(...) first.")
-        step = self.pull(batch)
-        outputs = self(batch)
-        loss, preds = self.compute_loss(batch, outputs, norm=weight)
-        opt.zero_grad(set_to_none=True)
-        params = [p for p in self.parameters() if p.requires_grad]
-        task_grads = self._task_gradients(params) if self.pcgrad else None
-        loss.backward()
+        opt, step, loss, preds, params, task_grads = self._forward_backward(batch, weight)
         # per worker: [loss not finite, then one flag per table]; summed: workers per flag
-        bad = np.array(
-            [
-                not math.isfinite(float(loss.detach())),
-                *(tm.E.grad is not None and not _all_finite(tm.E.grad) for tm in step.values()),
-            ],
-            np.float64,
-        )
+        bad = self._bad_flags(loss, step)
         missing = [tm.E.requires_grad and tm.E.grad is None for tm in step.values()]
         flags = self.ps.all_reduce_grads(
             params, np.concatenate([bad, np.array(missing, np.float64)])
         )
         flags, self._missing_grads = flags[: bad.shape[0]], flags[bad.shape[0] :]
-        dense = [
-            n
-            for n, p in self.named_parameters()
-            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
-        ]
+        dense = self._non_finite_dense()
         if flags.any() or dense:
             self._release()
             raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags, dense)}")
@@ -210,28 +191,9 @@ class TrainingSteps(TrainingLoops):
         weight = float(batch.weights.sum()) if batch.weights is not None else float(batch.size)
         if batch.size == 0:
             return {}
-        opt = self.optimizer
-        if opt is None:
-            raise ArgumentError("Model.train_step: call model.compile(...) first.")
-        step = self.pull(batch)
-        outputs = self(batch)
-        loss, preds = self.compute_loss(batch, outputs, norm=weight)
-        opt.zero_grad(set_to_none=True)
-        params = [p for p in self.parameters() if p.requires_grad]
-        task_grads = self._task_gradients(params) if self.pcgrad else None
-        loss.backward()
-        flags = np.array(
-            [
-                not math.isfinite(float(loss.detach())),
-                *(tm.E.grad is not None and not _all_finite(tm.E.grad) for tm in step.values()),
-            ],
-            np.float64,
-        )
-        dense = [
-            n
-            for n, p in self.named_parameters()
-            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
-        ]
+        opt, step, loss, preds, params, task_grads = self._forward_backward(batch, weight)
+        flags = self._bad_flags(loss, step)
+        dense = self._non_finite_dense()
         if flags.any() or dense:
             self._release()
             raise NonFiniteError(f"{where}: {self._non_finite(list(step), flags, dense)}")
@@ -251,6 +213,43 @@ class TrainingSteps(TrainingLoops):
         ps.dense_step(params, float(opt.param_groups[0]["lr"]))
         self._update_metrics(batch, preds)
         return {"loss": float(loss.detach())}
+
+    def _forward_backward(self, batch: Batch, weight: float) -> tuple[Any, ...]:
+        """Pull, forward, loss (normalised by ``weight``) and backward of a training step.
+
+        Returns ``(optimizer, temporary matrices, loss, predictions, trainable
+        dense parameters, each head's dense gradient or None)``.
+        """
+        opt = self.optimizer
+        if opt is None:
+            raise ArgumentError("Model.train_step: call model.compile(...) first.")
+        step = self.pull(batch)
+        outputs = self(batch)
+        loss, preds = self.compute_loss(batch, outputs, norm=weight)
+        opt.zero_grad(set_to_none=True)
+        params = [p for p in self.parameters() if p.requires_grad]
+        task_grads = self._task_gradients(params) if self.pcgrad else None
+        loss.backward()
+        return opt, step, loss, preds, params, task_grads
+
+    @staticmethod
+    def _bad_flags(loss: torch.Tensor, step: Mapping[str, Any]) -> npt.NDArray[np.float64]:
+        """``[loss not finite, then one flag per table: its gradient not finite]``."""
+        return np.array(
+            [
+                not math.isfinite(float(loss.detach())),
+                *(tm.E.grad is not None and not _all_finite(tm.E.grad) for tm in step.values()),
+            ],
+            np.float64,
+        )
+
+    def _non_finite_dense(self) -> list[str]:
+        """The trainable dense parameters whose gradient is NaN or infinite."""
+        return [
+            n
+            for n, p in self.named_parameters()
+            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
+        ]
 
     def _task_gradients(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         """Return each head's gradient of ``params`` on this worker, ``float64[T, P]``."""
