@@ -1,12 +1,16 @@
 """Async mode on W workers: every push applied once, the staleness bound, quiescing, failures."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 import tnrec as tn
 from tests.multiprocess import mp_scenarios
-from tests.multiprocess.conftest import HERE
+from tests.multiprocess.conftest import HERE, free_port
 from tests.multiprocess.test_distributed import load, merged_tables
 
 SCRIPT = [f"{HERE}/mp_async.py"]
@@ -137,7 +141,24 @@ def test_a_worker_without_any_data(launch, tmp_path):
     assert sum(p["trained/table/c/keys"].shape[0] for p in parts) > 0
 
 
-def test_a_killed_worker_fails_the_others_with_a_clear_error(launch, tmp_path):
-    res = run(launch, 2, "crash", tmp_path, 2)
-    assert res.returncode != 0
-    assert "DistributedError: rank 0/2: async" in res.stdout, res.stdout + res.stderr
+def test_a_killed_worker_fails_the_others_with_a_clear_error(tmp_path):
+    """Plain processes (torchrun would SIGTERM rank 0 as soon as rank 1 died)."""
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [sys.executable, *SCRIPT, "crash", str(tmp_path), "2"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [3, 7], outs
+    assert "DistributedError: rank 0/2: async" in outs[0], outs[0]
+    assert "with rank 1 failed" in outs[0], outs[0]
