@@ -57,15 +57,14 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
 from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
+from torchrun import torchrun_command
 
 DIM = 16
 RUN_TIMEOUT_S = 900  # one launch; a hang is reported as a failed run
@@ -204,12 +203,6 @@ def make_data(root: str, rows: int, worlds: list[int]) -> dict[str, object]:
 # --------------------------------------------------------------------------- launcher
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch(
     a: argparse.Namespace,
     world: int,
@@ -227,18 +220,8 @@ def launch(
     tail of the workers' log.
     """
     out, log = os.path.join(tmp, f"{tag}.json"), os.path.join(tmp, f"{tag}.log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(world),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
+    cmd = torchrun_command(
+        world,
         os.path.abspath(__file__),
         "--worker",
         "--mode",
@@ -257,7 +240,7 @@ def launch(
         ",".join(test),
         "--out",
         out,
-    ]
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     error = None
     with open(log, "w") as lf, MachineWatch() as watch:  # the workers are waited for: own CPU

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
+
+from torchrun import torchrun_command
 
 
 def _write(path: str, n: int, seed: int, group: int) -> None:
@@ -124,22 +124,9 @@ def main() -> None:
         for name, shares in (("uneven", [3, 1]), ("even", [1, 1])):
             os.makedirs(f"{out}.data/{name}")
             _files(f"{out}.data/{name}", args.rows, shares, args.group)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            "--nproc-per-node=2",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            os.path.abspath(__file__),
-            "--worker",
-            f"--batch={args.batch}",
-            f"--out={out}",
-        ]
+        cmd = torchrun_command(
+            2, os.path.abspath(__file__), "--worker", f"--batch={args.batch}", f"--out={out}"
+        )
         env = dict(os.environ, OMP_NUM_THREADS="1")
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         with open(out) as f:

@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -42,6 +40,7 @@ import torch
 
 from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
 from pipeline_phases import measure, print_table
+from torchrun import torchrun_command
 
 NUM_CAT, NUM_DENSE, DIM = 26, 13, 16
 
@@ -167,12 +166,6 @@ def _pipeline_runs(args: argparse.Namespace, rank: int) -> list[dict]:
     return runs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -193,18 +186,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for world in args.worlds:
             out = os.path.join(d, f"w{world}.json")
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "1",
-                "--nproc-per-node",
-                str(world),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(_free_port()),
+            cmd = torchrun_command(
+                world,
                 os.path.abspath(__file__),
                 "--worker",
                 "--steps",
@@ -216,7 +199,7 @@ def main() -> None:
                 "--out",
                 out,
                 *(["--no-pipeline"] if args.no_pipeline else []),
-            ]
+            )
             env = dict(os.environ, OMP_NUM_THREADS="1")
             with MachineWatch() as watch:  # torchrun and its workers are waited for: own CPU
                 subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
