@@ -21,24 +21,23 @@ def test_a_pull_waits_for_every_push_older_than_the_bound():
     futures = [torch.futures.Future() for _ in range(5)]
     for step, fut in enumerate(futures):
         window.add(step, [(1, fut)])
-    futures[4].set_result(None)  # the newest is applied, the older ones are not
-    done = []
+    futures[4].set_result(None)  # the newest is applied; step 3's stays pending throughout
 
-    def apply_in_order():
-        for fut in futures[:4]:
+    def apply_oldest_three():
+        for fut in futures[:3]:
             time.sleep(0.02)
-            done.append(len(done))
             fut.set_result(None)
 
-    t = threading.Thread(target=apply_in_order)
+    t = threading.Thread(target=apply_oldest_three)
     t.start()
     window.wait_before(5 - 2, _wait)  # step 5 with k = 2: steps 0..2 must be applied
-    assert futures[0].done() and futures[1].done() and futures[2].done()
-    assert window.outstanding() <= 2
+    done = [f.done() for f in futures[:3]]  # before the thread is joined: the window waited
     t.join()
+    assert done == [True, True, True] and not futures[3].done()
+    assert window.outstanding() == 1 and window.max_outstanding == 1
+    futures[3].set_result(None)
     window.wait_before(6, _wait)
-    assert window.outstanding() == 0
-    assert 1 <= window.max_outstanding <= 2
+    assert window.outstanding() == 0 and window.max_outstanding == 1
 
 
 def test_the_window_counts_steps_whose_pushes_are_outstanding():
