@@ -48,6 +48,7 @@ the job's workers, never read back from a file).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import socket
@@ -556,8 +557,6 @@ def _remote_dense_state(ps_id: int) -> tuple[torch.Tensor, dict[str, torch.Tenso
 
 def _constructor_args(optimizer: torch.optim.Optimizer, hyper: dict[str, Any]) -> dict[str, Any]:
     """The group's hyperparameters that ``type(optimizer)``'s constructor takes."""
-    import inspect
-
     accepted = inspect.signature(type(optimizer).__init__).parameters
     return {k: v for k, v in hyper.items() if k in accepted}
 
@@ -588,7 +587,6 @@ def _flat_state(
                 pieces.append(v.detach().reshape(-1).float())
             elif v is not None and v.numel() == 1:
                 scalar = v.detach() if scalar is None else scalar
-                pieces.append(None)  # type: ignore[arg-type]
             elif v is None:
                 pieces.append(torch.zeros(p.numel()))
             else:
