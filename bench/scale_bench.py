@@ -12,7 +12,8 @@ The proof of issue 16: for each key count, in one process per setting,
 * the disk's own rates in the directory the table is saved to: ``dd
   if=/dev/zero bs=16M conv=fsync`` of ``min(--dd-bytes, the table's bytes)``
   (write), then the same file read back with ``dd of=/dev/null`` after an
-  fsync and ``posix_fadvise(DONTNEED)`` (uncached read);
+  fsync and ``posix_fadvise(DONTNEED)`` (uncached read), buffered and with
+  ``iflag=direct``; the faster of the two is the disk's read rate;
 * save: ``table.save(dir, order="bucket")`` (plain ``table.save(dir)`` where
   ``save`` has no ``order``), MB/s over the bytes of the files written, and
   its ratio to dd's write rate; RSS sampled every 10 ms from
@@ -58,6 +59,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -178,10 +180,20 @@ def disk_rates(path: str, size_bytes: int) -> dict[str, Any]:
         w = run_dd(["if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "conv=fsync"])
         drop_cache(path)
         r = run_dd([f"if={path}", "of=/dev/null", "bs=16M"])
+        try:  # the disk's own rate without the page cache's copy, where O_DIRECT works
+            direct = run_dd([f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"])["mb_s"]
+        except RuntimeError:
+            direct = None
     finally:
         if os.path.exists(path):
             os.remove(path)
-    return {"dd_bytes": w["bytes"], "dd_write_mb_s": w["mb_s"], "dd_read_mb_s": r["mb_s"]}
+    return {
+        "dd_bytes": w["bytes"],
+        "dd_write_mb_s": w["mb_s"],
+        "dd_read_buffered_mb_s": r["mb_s"],
+        "dd_read_direct_mb_s": direct,
+        "dd_read_mb_s": max(r["mb_s"], direct or 0.0),  # the faster is the disk's rate
+    }
 
 
 # --------------------------------------------------------------------------- RSS sampling
@@ -372,22 +384,41 @@ def worker_load(spec: dict[str, Any]) -> dict[str, Any]:
     _warm(spec["root"], spec["dim"])
     rss0 = rss_bytes()
     with PeakRss() as peak:
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         table = SparseTable.load(spec["save_dir"])
         secs = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     if len(table) != spec["keys"]:
         raise RuntimeError(f"internal error: loaded {len(table)} keys, expected {spec['keys']}")
     index_s = table.load_timings.get("index_s")
     return {
         "load_s": secs,
         "load_index_s": index_s,
+        "load_user_s": cpu1.ru_utime - cpu0.ru_utime,
+        "load_sys_s": cpu1.ru_stime - cpu0.ru_stime,
         "load_rss_before_bytes": rss0,
         "load_peak_rss_bytes": peak.peak,
         "load_rss_after_bytes": rss_bytes(),
     }
 
 
-WORKERS = {"table": worker_table, "load": worker_load}
+def worker_touch(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time writing 1 GiB of new memory, then writing it again: the difference is what the
+    kernel (and, in a VM that hands freed memory back to its host, the host) costs a table's
+    fresh rows."""
+    n = 1 << 30
+    t0 = time.perf_counter()
+    a = np.empty(n, np.uint8)
+    a.fill(1)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    a.fill(2)
+    again = time.perf_counter() - t0
+    return {"touch_gb_s": n / first / 1e9, "touched_gb_s": n / max(again, 1e-9) / 1e9}
+
+
+WORKERS = {"table": worker_table, "load": worker_load, "touch": worker_touch}
 
 
 def run_worker(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -470,6 +501,7 @@ def run_setting(keys: int, args: argparse.Namespace, root: str, export_fn: str |
             res.update(run_worker({**base, "kind": "load"}, args.timeout_s))
         res["load_wall_s"] = time.perf_counter() - t0
         res["machine_load"] = watch.state.to_dict()
+        res.update(run_worker({**base, "kind": "touch"}, args.timeout_s))
         if "error" not in res:
             res["load_mb_s"] = res["saved_bytes"] / res["load_s"] / MB
             res["save_of_dd"] = res["save_mb_s"] / res["dd_write_mb_s"]
@@ -481,6 +513,10 @@ def run_setting(keys: int, args: argparse.Namespace, root: str, export_fn: str |
 
 
 # --------------------------------------------------------------------------- report
+
+
+def fmt_or_dash(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 def pct(x: float | None) -> str:
@@ -566,7 +602,9 @@ def report(results: list[dict[str, Any]], notes: list[str]) -> str:
     for r in ok:
         out.append(
             f"{human(r['keys'])}: dd write {r['dd_write_mb_s']:.0f} MB/s (fsync), uncached read "
-            f"{r['dd_read_mb_s']:.0f} MB/s ({r['dd_bytes'] / 2**20:.0f} MiB file); "
+            f"{r['dd_read_buffered_mb_s']:.0f} MB/s buffered, "
+            f"{fmt_or_dash(r.get('dd_read_direct_mb_s'))} MB/s O_DIRECT "
+            f"({r['dd_bytes'] / 2**20:.0f} MiB file); "
             f"{r['save_call']} wrote {r['saved_bytes'] / MB:.0f} MB in {r['save_s']:.1f} s; "
             f"table {r['bytes_held'] / 2**20:.0f} MiB, save RSS growth "
             f"{r['save_peak_growth_bytes'] / 2**20:.0f} MiB"
@@ -576,6 +614,11 @@ def report(results: list[dict[str, Any]], notes: list[str]) -> str:
                 f"  export {r['export_s']:.1f} s, {r['export_mb_s']:.0f} MB/s, RSS growth "
                 f"{r['export_peak_growth_bytes'] / 2**20:.0f} MiB"
             )
+        out.append(
+            f"  load CPU: {r['load_user_s']:.1f} s user, {r['load_sys_s']:.1f} s system in "
+            f"{r['load_s']:.1f} s; new memory's first write {r['touch_gb_s']:.2f} GB/s "
+            f"(written again: {r['touched_gb_s']:.1f} GB/s)"
+        )
         out.append("  targets: " + targets(r))
         out.append("  machine: " + "; ".join(f"{w} worker: {s.summary()}" for w, s in _states(r)))
     if ok and ok[0].get("load_index_s") is None:

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from tnrec._fileio import storage
+from tnrec._fileio.ranges import RangeReader  # noqa: F401 - re-exported
 from tnrec._fileio.storage import (  # noqa: F401 - the storage interface, re-exported
     absolute,
     exists,

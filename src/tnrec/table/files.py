@@ -99,6 +99,10 @@ class TableRows(Protocol):
 
     def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None: ...
 
+    def write_blocks(
+        self, rws: npt.NDArray[np.int32], blocks: list[tuple[int, np.ndarray]]
+    ) -> None: ...
+
     def write_bucket_files(
         self, directory: str, lo: int, hi: int
     ) -> tuple[npt.NDArray[np.int64], dict[str, str]]: ...

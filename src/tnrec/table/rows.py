@@ -330,6 +330,34 @@ def scatter_column(
 
 
 @nb.njit(nogil=True, cache=True)
+def scatter_records(
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    rows: np.ndarray,
+    addrs: np.ndarray,
+    starts: np.ndarray,
+    widths: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Write whole records into ``rows`` from column blocks, one pass over the rows.
+
+    Block ``k`` is a contiguous ``[n, widths[k]]`` array of 4-byte values at
+    address ``addrs[k]``; it goes to slots ``starts[k] ..`` of each row. Each
+    row is written once, so its cache line is fetched once, not once a column.
+    """
+    K = addrs.shape[0]
+    for i in range(rows.shape[0]):
+        c = row_i32(bases, rows[i], shift, lmask, stride)
+        for k in range(K):
+            w = widths[k]
+            p = _i32_ptr(addrs[k] + np.int64(i) * w * 4)
+            s = starts[k]
+            for j in range(w):
+                c[s + j] = p[j]
+
+
+@nb.njit(nogil=True, cache=True)
 def create_rows(
     bases: np.ndarray,
     stride: int,

@@ -10,14 +10,18 @@ written. A writer thread writes chunk ``i`` while the next is gathered, so
 the disk and the gathering overlap. Memory beyond the table: the slot order
 plus two chunks.
 
-A load reads the column files in the same chunks (``readinto``, no memory
-map, so an uncached file is read sequentially at the disk's rate) on a reader
-thread, while the previous chunk's keys are inserted and its columns written
-straight into their rows; the table reserves its index and row chunks for the
-whole count first, so nothing is rehashed as rows arrive.
-Read whole, each file's sha256 is checked as it streams by and compared at
-the end; read by bucket (another number of workers), the files are verified
-first, then only the selected buckets' byte ranges are read.
+A load reads the column files in the same chunks on a reader thread
+(:class:`tnrec._fileio.RangeReader`: ``O_DIRECT`` where the file system takes
+it, so the disk's bytes reach the buffers without a copy through the page
+cache), while the previous chunk's keys are inserted and its records written
+straight into their rows in one pass (all columns of a row at once, on the
+table's threads); the table reserves its index and row chunks for the whole
+count first, so nothing is rehashed as rows arrive. Memory beyond the table:
+three chunks' buffers.
+Read whole, each file's sha256 is computed as it streams by, on two hashing
+threads (a file always on the same one), and compared at the end; read by
+bucket (another number of workers), the files are verified first, then only
+the selected buckets' byte ranges are read.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ class RowSink(Protocol):
     def rows_for(self, keys: npt.NDArray[np.int64], new: bool = False) -> npt.NDArray[np.int32]: ...
 
     def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None: ...
+
+    def write_blocks(
+        self, rws: npt.NDArray[np.int32], blocks: list[tuple[int, np.ndarray]]
+    ) -> None: ...
 
 
 CHUNK_BYTES = 16 << 20
@@ -171,8 +179,13 @@ def bucket_order(
     return order, offsets
 
 
+def _chunk_rows(stride: int) -> int:
+    """Rows of a chunk: ``CHUNK_BYTES`` of keys and records."""
+    return max(4096, CHUNK_BYTES // (8 + 4 * stride))
+
+
 def _chunks(n: int, stride: int) -> Iterator[tuple[int, int]]:
-    rows = max(4096, CHUNK_BYTES // (8 + 4 * stride))
+    rows = _chunk_rows(stride)
     for a in range(0, n, rows):
         yield a, min(n, a + rows)
 
@@ -221,12 +234,22 @@ def _write_chunk(
 
 # ---------------------------------------------------------------------- load
 
+_DEPTH = 3  # buffers each column file's reader rotates through: the chunk read ahead, the
+# chunk being inserted, and the chunk whose hashing may still be running
+
 
 class _Reader:
-    """One ``.npy`` column file read in pieces, hashing what it reads when ``hashing``."""
+    """One ``.npy`` column file read in chunks of rows (:class:`tnrec._fileio.RangeReader`),
+    its sha256 updated in file order when ``hashing``."""
 
     def __init__(
-        self, path: str, dtype: str, shape: tuple[int, ...], digest: str | None, hashing: bool
+        self,
+        path: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        digest: str | None,
+        hashing: bool,
+        max_rows: int,
     ) -> None:
         self.path = path
         try:
@@ -237,67 +260,109 @@ class _Reader:
             raise CheckpointError(
                 f"Saved table file {path} is missing (it is listed in table.json)."
             )
+        self.dtype = np.dtype("<" + dtype)
+        self.width = int(np.prod(shape[1:], dtype=np.int64))
+        self.row_bytes = self.width * self.dtype.itemsize
+        head = self._header(path, dtype, shape, digest, hashing)
+        self.offset = len(head)
+        self.end = self.offset + shape[0] * self.row_bytes
+        self.hash = hashlib.sha256(head) if hashing else None
         try:
-            self.f = _fileio.open_input(path)
+            self.size = _fileio.size(path)
+            self.ranges = _fileio.RangeReader(path, max_rows * self.row_bytes, _DEPTH)
         except OSError as e:
             raise CheckpointError(f"Cannot read {path}: {e}.") from None
-        try:
-            version = np.lib.format.read_magic(self.f)
-            read_header = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            got_shape, fortran, got_dtype = read_header(self.f)
-            problem = None
-            if got_shape != shape or fortran or got_dtype != np.dtype("<" + dtype):
-                problem = f"holds {got_dtype}{list(got_shape)}, expected {dtype}{list(shape)}"
-        except Exception as e:  # numpy raises ValueError, SyntaxError, TokenError ...
-            problem = f"its .npy header cannot be read ({type(e).__name__})"
-        if problem is not None:
-            self.f.close()
-            if hashing and digest is not None and _fileio.sha256_file(path) != digest:
-                raise ChecksumError(
-                    f"Saved table file {path} is corrupt: its sha256 does not match table.json."
-                )
-            raise CheckpointError(f"{path}: {problem}, as table.json says.")
-        self.offset = self.f.tell()
-        self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
-        self.hash = hashlib.sha256() if hashing else None
-        if self.hash is not None:
-            self.f.seek(0)
-            self.hash.update(self.f.read(self.offset))
 
-    def read(self, a: int, b: int, out: np.ndarray) -> None:
-        """Read rows ``[a, b)`` into the contiguous ``out``."""
+    @staticmethod
+    def _header(
+        path: str, dtype: str, shape: tuple[int, ...], digest: str | None, hashing: bool
+    ) -> bytes:
+        """Return the file's ``.npy`` header bytes, checked against ``dtype`` and ``shape``."""
         try:
-            if self.hash is None:
-                self.f.seek(self.offset + a * self.row_bytes)
-            got = self.f.readinto(out.data.cast("B"))
+            with _fileio.open_input(path) as f:
+                try:
+                    version = np.lib.format.read_magic(f)
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    got_shape, fortran, got_dtype = read_header(f)
+                    problem = None
+                    if got_shape != shape or fortran or got_dtype != np.dtype("<" + dtype):
+                        problem = (
+                            f"holds {got_dtype}{list(got_shape)}, expected {dtype}{list(shape)}"
+                        )
+                except Exception as e:  # numpy raises ValueError, SyntaxError, TokenError ...
+                    problem = f"its .npy header cannot be read ({type(e).__name__})"
+                if problem is None:
+                    n = f.tell()
+                    f.seek(0)
+                    return f.read(n)
+        except OSError as e:
+            raise CheckpointError(f"Cannot read {path}: {e}.") from None
+        if hashing and digest is not None and _fileio.sha256_file(path) != digest:
+            raise ChecksumError(
+                f"Saved table file {path} is corrupt: its sha256 does not match table.json."
+            )
+        raise CheckpointError(f"{path}: {problem}, as table.json says.")
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Return rows ``[a, b)`` (``[b - a, width]``), a view valid for ``_DEPTH`` reads."""
+        want = (b - a) * self.row_bytes
+        try:
+            got = self.ranges.read(self.offset + a * self.row_bytes, want)
         except OSError as e:
             raise CheckpointError(f"Cannot read {self.path}: {e}.") from None
-        if got != (b - a) * self.row_bytes:
+        if got.shape[0] != want:
             raise ChecksumError(
                 f"Saved table file {self.path} is corrupt: it is truncated (rows {a}..{b} are "
                 "missing), so its sha256 does not match table.json."
             )
+        return got.view(self.dtype).reshape(b - a, self.width)
+
+    def update(self, block: np.ndarray) -> None:
+        """Add ``block`` (the next rows of the file) to the sha256."""
         if self.hash is not None:
-            self.hash.update(out.data.cast("B"))
+            self.hash.update(block.data)
 
     def finish(self, digest: str, header_file: str) -> None:
-        """Check the whole file was read and matches ``digest``; close it."""
-        try:
-            rest = self.f.read(1) if self.hash is not None else b""
-        finally:
-            self.f.close()
-        if self.hash is not None and (rest or self.hash.hexdigest() != digest):
+        """Check the file held exactly the rows read and matches ``digest``."""
+        if self.hash is not None and (self.size != self.end or self.hash.hexdigest() != digest):
             raise ChecksumError(
                 f"Saved table file {self.path} is corrupt: its sha256 does not match {header_file}."
             )
 
     def close(self) -> None:
         """Close the file."""
-        self.f.close()
+        if hasattr(self, "ranges"):
+            self.ranges.close()
+
+
+class _Hashers:
+    """Hash the column files on ``n`` threads as chunks are read: each file always on the same
+    thread (so its pieces are hashed in order), files spread over the threads by bytes a row."""
+
+    def __init__(self, readers: dict[str, _Reader], n: int = 2) -> None:
+        self.pools = [ThreadPoolExecutor(1, thread_name_prefix="tnrec-hash") for _ in range(n)]
+        load = [0] * n
+        self.home: dict[str, int] = {}
+        for name in sorted(readers, key=lambda k: -readers[k].row_bytes):
+            t = load.index(min(load))
+            self.home[name] = t
+            load[t] += readers[name].row_bytes
+        self.readers = readers
+
+    def submit(self, blocks: dict[str, np.ndarray]) -> list[Future[None]]:
+        """Queue each file's block of one chunk; return the futures."""
+        return [
+            self.pools[self.home[name]].submit(self.readers[name].update, block)
+            for name, block in blocks.items()
+        ]
+
+    def close(self) -> None:
+        for p in self.pools:
+            p.shutdown(wait=True)
 
 
 def read_rows(
@@ -311,64 +376,83 @@ def read_rows(
     that ``keep`` accepts into ``table``; return how many were inserted and the seconds spent
     inserting keys into the index (reserving it included).
 
-    A reader thread reads (and hashes) chunk ``i + 1`` while chunk ``i`` is inserted.
+    A reader thread reads chunk ``i + 1`` while chunk ``i``'s keys go into the
+    index and chunk ``i - 1``'s records into their rows (on another thread), and
+    two more threads hash the chunks already read.
     """
     d, n = header["_dir"], int(header["count"])
     hashing = ranges is None
     spans = [(0, n)] if ranges is None else ranges
     sums = header["files"]
-    readers = {
-        "keys": _Reader(os.path.join(d, "keys.npy"), "i8", (n,), sums.get("keys.npy"), hashing)
-    }
+    stride = max(c.start + c.width for c in cols)
+    rows = _chunk_rows(stride)
+    readers: dict[str, _Reader] = {}
+    hashers = None
     try:
+        readers["keys"] = _Reader(
+            os.path.join(d, "keys.npy"), "i8", (n,), sums.get("keys.npy"), hashing, rows
+        )
         for c in cols:
             f = f"{c.name}.npy"
-            readers[c.name] = _Reader(os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing)
+            readers[c.name] = _Reader(
+                os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing, rows
+            )
         fresh = len(table) == 0  # a file's keys are unique: into an empty table all are new
         t0 = time.perf_counter()
         table.reserve(sum(b - a for a, b in spans))
         index_s = time.perf_counter() - t0
-        stride = max(c.start + c.width for c in cols)
         chunks = [(lo + a, lo + b) for lo, hi in spans for a, b in _chunks(hi - lo, stride)]
+        hashers = _Hashers(readers) if hashing else None
+        hashed: list[list[Future[None]]] = []
         done = 0
-        with ThreadPoolExecutor(1, thread_name_prefix="tnrec-load") as pool:
-            ahead = pool.submit(_read_chunk, readers, cols, *chunks[0]) if chunks else None
+        writing: Future[None] | None = None
+        with (
+            ThreadPoolExecutor(1, thread_name_prefix="tnrec-load") as pool,
+            ThreadPoolExecutor(1, thread_name_prefix="tnrec-rows") as writer,
+        ):
+            ahead = pool.submit(_read_chunk, readers, *chunks[0]) if chunks else None
             for i in range(len(chunks)):
-                keys, parts = ahead.result()  # type: ignore[union-attr]
+                blocks = ahead.result()  # type: ignore[union-attr]
+                if hashers is not None:
+                    hashed.append(hashers.submit(blocks))
                 if i + 1 < len(chunks):
-                    ahead = pool.submit(_read_chunk, readers, cols, *chunks[i + 1])
+                    # chunk i + 1 goes into the buffers of chunk i + 1 - DEPTH: hashed by now?
+                    if hashed and i + 1 >= _DEPTH:
+                        for fut in hashed[i + 1 - _DEPTH]:
+                            fut.result()
+                    ahead = pool.submit(_read_chunk, readers, *chunks[i + 1])
+                keys = blocks["keys"][:, 0]
+                parts = [(c.start, blocks[c.name]) for c in cols]
                 sel = keep(keys) if keep is not None else None
                 if sel is not None:
-                    keys, parts = keys[sel], [p[sel] for p in parts]
+                    keys, parts = keys[sel], [(s, p[sel]) for s, p in parts]
                 t0 = time.perf_counter()
                 rws = table.rows_for(keys, new=fresh)
                 index_s += time.perf_counter() - t0
-                for c, part in zip(cols, parts, strict=True):
-                    table.write_column(rws, c.start, part)
+                if writing is not None:
+                    writing.result()
+                writing = writer.submit(table.write_blocks, rws, parts)
                 done += int(keys.shape[0])
-        if hashing:
+            if writing is not None:
+                writing.result()
+        if hashers is not None:
+            for futs in hashed:
+                for fut in futs:
+                    fut.result()
             fname = os.path.join(d, "table.json")
             for name, r in readers.items():
                 r.finish(sums[f"{name}.npy"], fname)
         return done, index_s
     finally:
+        if hashers is not None:
+            hashers.close()
         for r in readers.values():
             r.close()
 
 
-def _read_chunk(
-    readers: dict[str, _Reader], cols: list[Column], a: int, b: int
-) -> tuple[npt.NDArray[np.int64], list[np.ndarray]]:
-    """Read rows ``[a, b)``: the keys and each column's block."""
-    m = b - a
-    keys = np.empty(m, np.int64)
-    readers["keys"].read(a, b, keys)
-    parts = []
-    for c in cols:
-        part = np.empty((m, c.width), np.float32 if c.dtype == "f4" else np.int32)
-        readers[c.name].read(a, b, part)
-        parts.append(part)
-    return keys, parts
+def _read_chunk(readers: dict[str, _Reader], a: int, b: int) -> dict[str, np.ndarray]:
+    """Read rows ``[a, b)`` of every file: ``{name: block[b - a, width]}``."""
+    return {name: r.read(a, b) for name, r in readers.items()}
 
 
 def bucket_ranges(

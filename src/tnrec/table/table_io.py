@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tnrec.errors import TableKeyError
-from tnrec.table import index, rows, stream
+from tnrec.table import index, rows, stream, threads
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -151,6 +151,33 @@ class RowAccess:
             raise RuntimeError("internal error: write_column got a block of the wrong shape")
         st = self._store
         rows.scatter_column(*st.loc, rws, start, np.ascontiguousarray(block).view(np.float32))
+
+    def write_blocks(
+        self, rws: npt.NDArray[np.int32], blocks: list[tuple[int, np.ndarray]]
+    ) -> None:
+        """Write several ``(start, block[n, w])`` column blocks (4-byte values, C-contiguous)
+        into rows ``rws`` in one pass over the rows, on the table's threads."""
+        n = rws.shape[0]
+        for _, block in blocks:
+            if (
+                block.dtype.itemsize != 4
+                or block.ndim != 2
+                or block.shape[0] != n
+                or not block.flags.c_contiguous
+            ):
+                raise RuntimeError("internal error: write_blocks got a block of the wrong shape")
+        if not n or not blocks:
+            return
+        addrs = np.array([b.ctypes.data for _, b in blocks], np.int64)
+        starts = np.array([s for s, _ in blocks], np.int64)
+        widths = np.array([b.shape[1] for _, b in blocks], np.int64)
+        loc = self._store.loc
+        threads.run(
+            threads.slices(n),
+            lambda a, b: rows.scatter_records(
+                *loc, rws[a:b], addrs + a * widths * 4, starts, widths
+            ),
+        )
 
     # ------------------------------------------------------------------ files
 

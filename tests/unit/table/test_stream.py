@@ -217,3 +217,52 @@ def test_keys_whose_probe_crosses_a_region_end_are_inserted_afterwards():
 
     assert index.lookup(t._slots, keys, got) == 0
     np.testing.assert_array_equal(got, rws)
+
+
+def test_a_byte_appended_to_a_file_is_refused(tmp_path):
+    t = trained(AdaGrad(0.1))
+    t.save(tmp_path / "t", order="bucket")
+    with open(tmp_path / "t" / "click.npy", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ChecksumError, match=r"click\.npy is corrupt"):
+        SparseTable.load(tmp_path / "t")
+
+
+def test_write_blocks_equals_one_column_at_a_time():
+    dim = 4
+    a = SparseTable(dim, AdaGrad(0.1), name="a")
+    b = SparseTable(dim, AdaGrad(0.1), name="b")
+    keys = np.arange(50_000, dtype=np.int64) * 7 - 3  # more than one thread's slice
+    rng = np.random.default_rng(3)
+    cols = stream.columns(dim, AdaGrad(0.1).state_arrays(dim))
+    blocks = []
+    for c in cols:
+        dt = np.float32 if c.dtype == "f4" else np.int32
+        blocks.append((c.start, rng.integers(-1000, 1000, (keys.shape[0], c.width)).astype(dt)))
+    ra = a.rows_for(keys, new=True)
+    rb = b.rows_for(keys, new=True)
+    a.write_blocks(ra, blocks)
+    for start, block in blocks:
+        b.write_column(rb, start, block)
+    for name, arr in a.rows().items():
+        np.testing.assert_array_equal(arr, b.rows()[name], err_msg=name)
+    with pytest.raises(RuntimeError, match="wrong shape"):
+        a.write_blocks(ra, [(0, blocks[0][1][:, ::2])])  # not contiguous
+    a.write_blocks(ra[:0], [(0, blocks[0][1][:0])])  # nothing to write
+
+
+def test_a_table_on_tmpfs_round_trips(tmp_path):
+    import shutil
+    import tempfile
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this machine")
+    d = tempfile.mkdtemp(dir="/dev/shm")
+    try:
+        t = trained(Adam(0.01))
+        t.save(os.path.join(d, "t"), order="bucket")
+        got = SparseTable.load(os.path.join(d, "t"))
+        for name, arr in got.rows().items():
+            np.testing.assert_array_equal(arr, t.rows()[name], err_msg=name)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
