@@ -16,6 +16,7 @@ from tnrec.data import Batch
 from tnrec.distribute import current_strategy
 from tnrec.errors import ArgumentError
 from tnrec.layers import EmbeddingFeatures
+from tnrec.layers.device import autocast, check_precision, host_float32, module_device, to_device
 from tnrec.layers.embedding import cvm_inputs
 from tnrec.layers.normalization import BatchNormalization
 from tnrec.layers.position import PositionBias
@@ -69,6 +70,11 @@ class Model(TrainingSteps, torch.nn.Module):
     ``forward_dense(self.embed(batch), dense)`` where ``embed`` maps each
     embedding layer's name to its output and ``dense`` is ``float32[B, F]``.
 
+    The tables stay on the host; the dense part runs on :attr:`device`, where
+    ``model.to(device)`` puts the dense parameters: each step's temporary
+    matrices, dense features and labels go there, and predictions and
+    ``E.grad`` come back (:mod:`tnrec.layers.device`; run on the CPU only so far).
+
     For your own training loop::
 
         model.train(); model.pull(batch); loss = ...(model(batch)); loss.backward()
@@ -108,6 +114,25 @@ class Model(TrainingSteps, torch.nn.Module):
             None  # the worker's data of the running fit (callbacks ask its position)
         )
         self._loss_state = np.zeros(2, np.float64)  # [sum of w * loss, sum of w], this worker
+        self._device: torch.device | None = None  # the dense parameters' (see `device`)
+        self.precision = "fp32"  # the dense part's (compile(precision=...))
+
+    # ------------------------------------------------------------------ device
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the dense part: that of the first dense parameter (CPU without one).
+
+        Found once and kept until the module is moved (``to``, ``cuda``, ``cpu``)
+        or compiled, so a step reads it without walking the modules.
+        """
+        if self._device is None:
+            self._device = module_device(self)
+        return self._device
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self._device = None  # moved (or cast): find the device again on next use
+        return super()._apply(fn, recurse)
 
     # ------------------------------------------------------------------ tables
 
@@ -326,6 +351,7 @@ class Model(TrainingSteps, torch.nn.Module):
         prepared = prepared_for_pull(self._table_layers, batch, pending)
         stats = [t for t, layers in self._table_layers.items() if layers[0].cvm]
         pulled = pull_rows(ps, prepared, create, stats)
+        device = self.device
         step = {}
         for table, layers in self._table_layers.items():
             part = prepared.tables[table]
@@ -333,9 +359,9 @@ class Model(TrainingSteps, torch.nn.Module):
             rows, cvm = pulled[table], None
             if layers[0].cvm:  # [U, D + 2]: the rows, then the owners' show and click
                 D = rows.shape[1] - 2
-                cvm = torch.from_numpy(cvm_inputs(rows[:, D], rows[:, D + 1]))  # [U, 2]
+                cvm = to_device(cvm_inputs(rows[:, D], rows[:, D + 1]), device)  # [U, 2]
                 rows = np.ascontiguousarray(rows[:, :D])
-            E = torch.from_numpy(rows)  # [U, D]
+            E = to_device(rows, device)  # [U, D], built on the host, then on the model's device
             trainable = [layer.trainable for layer in layers]
             if create and any(trainable):
                 E.requires_grad_(True)
@@ -384,9 +410,7 @@ class Model(TrainingSteps, torch.nn.Module):
             U = ts.keys.shape[0]
             g = ts.E.grad
             grads[table] = (
-                np.ascontiguousarray(g.numpy(), dtype=np.float32)
-                if g is not None
-                else np.zeros((U, ts.E.shape[1]), np.float32)
+                host_float32(g) if g is not None else np.zeros((U, ts.E.shape[1]), np.float32)
             )
             inverse, rows = ts.inverse, ts.rows
             if ts.trained is not None:
@@ -443,13 +467,21 @@ class Model(TrainingSteps, torch.nn.Module):
         }
 
     def forward(self, batch: Batch) -> Any:
-        """Return the model's output(s): ``forward_dense(embed(batch), dense)``."""
-        dense = torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32))  # [B, F]
+        """Return the model's output(s): ``forward_dense(embed(batch), dense)``.
+
+        The dense features go to :attr:`device` once per batch; ``forward_dense``
+        runs under the compiled ``precision`` (bf16: ``torch.autocast``).
+        """
+        dense = np.ascontiguousarray(batch.dense, dtype=np.float32)  # [B, F]
         pooled = self.embed(batch)
         if self.training:
             for layer in self._position_layers:
                 layer.set_batch(batch)
-        return self.forward_dense(pooled, dense)
+        device = self.device
+        if self.precision == "fp32":
+            return self.forward_dense(pooled, to_device(dense, device))
+        with autocast(device, self.precision):  # the dense part only: E and pooling stay float32
+            return self.forward_dense(pooled, to_device(dense, device))
 
     def forward_dense(self, pooled: dict[str, Any], dense: torch.Tensor) -> Any:
         """The dense part: outputs from pooled embeddings and dense features. Override it.
@@ -478,6 +510,7 @@ class Model(TrainingSteps, torch.nn.Module):
         clip_norm: float | None = None,
         click_label: str | None = None,
         pcgrad: bool = False,
+        precision: str = "fp32",
     ) -> None:
         """Configure training.
 
@@ -501,9 +534,14 @@ class Model(TrainingSteps, torch.nn.Module):
             pcgrad: combine the heads' dense gradients with PCGrad
                 (:func:`tnrec.optimizer.pcgrad`, after summing each head's
                 gradient over workers); the tables get the plain total's gradient.
+            precision: the dense part's: ``"fp32"``, or ``"bf16"`` to run
+                ``forward_dense`` under ``torch.autocast(dtype=torch.bfloat16)``
+                on :attr:`device`. The outputs are cast to float32 before the
+                loss, which is float32; the tables' rows, the temporary matrix
+                and the pushed gradients stay float32 either way. Tested on the CPU.
 
         Raises:
-            ArgumentError: unknown loss or metric, bad clip_norm.
+            ArgumentError: unknown loss or metric, bad clip_norm or precision.
         """
         if dense_optimizer is None:
             dense_optimizer = self.default_dense_optimizer
@@ -560,6 +598,8 @@ class Model(TrainingSteps, torch.nn.Module):
         if not isinstance(pcgrad, bool):
             raise ArgumentError(f"`pcgrad` must be True or False. Received: pcgrad={pcgrad!r}.")
         self.pcgrad = pcgrad
+        self.precision = check_precision(precision)
+        self._device = None
         if self._ps is None:
             self.build_tables()
 

@@ -19,6 +19,7 @@ import torch
 
 from tnrec.data import Batch
 from tnrec.errors import ArgumentError, DataError, NonFiniteError
+from tnrec.layers.device import to_device, to_host
 from tnrec.losses import SINGLE, Head, mse
 from tnrec.optimizer import pcgrad as pcgrad_sum
 from tnrec.ps.asynchronous import AsyncPS
@@ -34,6 +35,12 @@ def _all_finite(t: torch.Tensor) -> bool:
     if t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad:
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
+
+
+def _float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 if it is a low-precision float (the dense part's under autocast), else
+    ``t``: the loss and the predictions are computed in float32."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
 class TrainingSteps(TrainingLoops):
@@ -70,7 +77,7 @@ class TrainingSteps(TrainingLoops):
                     f"The model returned heads {sorted(got)}, but compile() has a loss for "
                     f"{h.name!r}."
                 )
-            t = got[h.name]
+            t = _float32(got[h.name])
             out[h.name] = t.squeeze(-1) if t.dim() == 2 and t.shape[-1] == 1 else t
         return out
 
@@ -93,21 +100,24 @@ class TrainingSteps(TrainingLoops):
         ``w`` are the sample weights (1 without) and the normaliser ``norm =
         sum_i w_i`` runs over every worker's batch (all-reduced when not given).
         Each worker back-propagates its own rows' term; the terms of all workers
-        add up to the loss one worker would compute on the global batch.
+        add up to the loss one worker would compute on the global batch. The
+        labels and weights go to the outputs' device; the predictions come back
+        to the host.
         """
         w = batch.weights
         rows_weight = float(w.sum()) if w is not None else float(batch.size)
         if norm is None:
             norm = float(self.ps.all_reduce_sum(np.array([rows_weight], np.float64))[0])
-        wt = None if w is None else torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
         total: torch.Tensor | None = None
         weighted_sum = 0.0
         preds = {}
         by_head = self._outputs_by_head(outputs)
+        device = next(iter(by_head.values())).device if by_head else torch.device("cpu")
+        wt = None if w is None else to_device(np.ascontiguousarray(w, dtype=np.float32), device)
         self._task_losses = []
         for h in self._heads:
             out = by_head[h.name]  # [B]
-            y = torch.from_numpy(np.ascontiguousarray(self._label(h, batch), dtype=np.float32))
+            y = to_device(np.ascontiguousarray(self._label(h, batch), dtype=np.float32), device)
             per_row = h.loss(out, y)  # [B]
             if wt is not None:
                 per_row = per_row * wt
@@ -116,7 +126,7 @@ class TrainingSteps(TrainingLoops):
             self._task_losses.append(term)
             total = term if total is None else total + term
             weighted_sum += h.weight * float(summed.detach())
-            preds[h.name] = h.to_prediction(out.detach())
+            preds[h.name] = to_host(h.to_prediction(out.detach()))
         self._loss_state += (weighted_sum, rows_weight)
         if total is None:
             total = torch.zeros(())
@@ -269,7 +279,7 @@ class TrainingSteps(TrainingLoops):
     def _apply_pcgrad(self, params: list[torch.nn.Parameter], task_grads: torch.Tensor) -> None:
         """Sum each head's gradient over workers, then set the dense gradients to their PCGrad."""
         T = task_grads.shape[0]
-        summed = self.ps.all_reduce_sum(task_grads.numpy().reshape(-1))  # [T * P]
+        summed = self.ps.all_reduce_sum(to_host(task_grads).numpy().reshape(-1))  # [T * P]
         self._set_pcgrad(params, pcgrad_sum(torch.from_numpy(np.asarray(summed).reshape(T, -1))))
 
     @staticmethod
@@ -279,7 +289,7 @@ class TrainingSteps(TrainingLoops):
         for p in params:
             n = p.numel()
             if p.grad is not None:
-                p.grad = combined[at : at + n].view_as(p).to(p.dtype)
+                p.grad = combined[at : at + n].view_as(p).to(p.device, p.dtype)
             at += n
 
     def test_step(self, batch: Batch) -> dict[str, Any]:
@@ -315,10 +325,12 @@ class TrainingSteps(TrainingLoops):
             outputs = self(batch)
         self._release()
         heads = self._heads or [Head(SINGLE, None, mse, "identity", 1.0, [])]
-        by_head = self._outputs_by_head(outputs) if self._heads else {SINGLE: outputs}
+        by_head = self._outputs_by_head(outputs) if self._heads else {SINGLE: _float32(outputs)}
         return {
-            h.name: h.to_prediction(
-                by_head[h.name].squeeze(-1) if by_head[h.name].dim() == 2 else by_head[h.name]
+            h.name: to_host(
+                h.to_prediction(
+                    by_head[h.name].squeeze(-1) if by_head[h.name].dim() == 2 else by_head[h.name]
+                )
             ).numpy()
             for h in heads
         }

@@ -12,6 +12,7 @@ import torch
 
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import EmbeddingColumn, SequenceCategoryColumn
+from tnrec.layers.device import to_device
 from tnrec.layers.pooling import bag_scales, pool, sequence_positions
 from tnrec.table import AdmissionPolicy, EvictionPolicy, Initializer, SparseOptimizer
 
@@ -115,7 +116,8 @@ class EmbeddingFeatures(torch.nn.Module):
     collects the keys of every layer of a table, pulls each unique key once
     into the temporary matrix ``E[U, D]`` and hands each layer its virtual ids.
     The layer gathers and pools; backward writes ``E.grad``, which the model
-    pushes to the table.
+    pushes to the table. ``E`` lives on the model's device (see
+    :mod:`tnrec.layers.device`) and so do the outputs.
 
     Outputs per column: ``[B, D]`` for a pooled column (combiner ``sum``,
     ``mean`` or ``sqrtn``; unknown keys read as zeros and still count in the
@@ -373,12 +375,13 @@ class EmbeddingFeatures(torch.nn.Module):
             pooled = pooled.view(len(self.pooled_columns), B, D)  # [C, B, D]
             for c, col in enumerate(self.pooled_columns):
                 out[col.key] = pooled[c]  # [B, D]
+        device = step.E.device
         for col in self.sequence_columns:
             v, pos, lengths = step.sequences[col.key]
             T = col.categorical.max_length
-            rows = step.E.index_select(0, torch.from_numpy(v))  # [M, D]
-            grid = step.E.new_zeros((B * T, D)).index_copy(0, torch.from_numpy(pos), rows)
-            out[col.key] = (grid.view(B, T, D), lengths)  # [B, T, D], [B]
+            rows = step.E.index_select(0, to_device(v, device))  # [M, D]
+            grid = step.E.new_zeros((B * T, D)).index_copy(0, to_device(pos, device), rows)
+            out[col.key] = (grid.view(B, T, D), to_device(lengths, device))  # [B, T, D], [B]
         if self.output == "dict":
             return {c.key: out[c.key] for c in self.columns}
         return [out[c.key] for c in self.columns]

@@ -38,6 +38,7 @@ import numpy.typing as npt
 import torch
 
 from tnrec.errors import ArgumentError
+from tnrec.layers.device import to_device, to_host
 
 # rows of the ``totals`` / ``local`` buffers
 SUM, SUM_ERR, SQ, SQ_ERR, COUNT = range(5)
@@ -240,7 +241,9 @@ class BatchNormalization(torch.nn.Module):
         The squares are of ``x - shift`` when ``shift`` ``[C]`` is given.
         """
         x64 = x.double()
-        rows = torch.full((self.num_features,), float(x64.shape[0]), dtype=torch.float64)
+        rows = torch.full(
+            (self.num_features,), float(x64.shape[0]), dtype=torch.float64, device=x64.device
+        )
         d = x64 if shift is None else x64 - shift.double()  # [rows, C]
         acc = torch.stack([x64.sum(0), (d * d).sum(0), rows])  # [3, C]
         self.increments += acc
@@ -253,9 +256,9 @@ class BatchNormalization(torch.nn.Module):
 
     def _exchange(self) -> None:
         """Sum every worker's increments, add them to the totals, restart the local copy."""
-        inc = self.increments.numpy().reshape(-1)
+        inc = to_host(self.increments).numpy().reshape(-1)  # the all-reduce runs on the host
         summed = inc if self.reduce is None else self.reduce(inc.copy())
-        acc = torch.from_numpy(np.asarray(summed, np.float64).reshape(3, -1))  # [3, C]
+        acc = to_device(np.asarray(summed, np.float64).reshape(3, -1), self.totals.device)  # [3, C]
         if float(acc[2].max()) > 0:  # the same decision on every worker: acc is global
             append_statistics(self.totals, acc, self.momentum, self.max_count)
         self.local.copy_(self.totals)

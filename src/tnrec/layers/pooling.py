@@ -19,6 +19,16 @@ at ``out[b, c*D:(c+1)*D]``): the layout of ``output="concat"``, pooled there
 directly instead of pooling ``[C, B, D]`` and copying it through a
 ``permute``, and read back the same way by the backward (no copy of the
 gradient either).
+
+Two implementations give these values. A CPU ``E`` is pooled by the numba
+kernels below, on the tensors' host memory. Any other ``E`` (a GPU's) is
+pooled by torch ops on its device (:func:`pool_torch`: ``index_select`` of
+the occurrences' rows, an ``index_add`` into their bags, the scales),
+differentiated by autograd; set :data:`TORCH_ON_CPU` (or pass
+``torch_ops=True``) to pool CPU tensors that way too, as the tests do. On
+the CPU both sum each bag's rows in occurrence order and then scale, so they
+agree to float32 rounding (measured: bit for bit); on a GPU ``index_add``
+adds with atomics, in no fixed order.
 """
 
 from __future__ import annotations
@@ -31,6 +41,12 @@ import numpy.typing as npt
 import torch
 
 from tnrec.errors import ArgumentError
+from tnrec.layers.device import to_device
+
+#: Pool CPU tensors with the torch ops of :func:`pool_torch` instead of the
+#: numba kernels (tests and measurements set it; tensors on other devices
+#: always take the torch ops).
+TORCH_ON_CPU = False
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -205,19 +221,66 @@ def pool(
     scales: npt.NDArray[np.float32],
     batch_size: int,
     concat_columns: int = 0,
+    *,
+    torch_ops: bool | None = None,
 ) -> torch.Tensor:
-    """Return the pooled rows of ``E`` (differentiable in ``E``).
+    """Return the pooled rows of ``E`` (differentiable in ``E``), on ``E``'s device.
 
     ``[C*B, D]`` (bag ``c*B + b`` in row ``c*B + b``), or, given
     ``concat_columns = C``, ``[B, C*D]`` (bag ``c*B + b`` at ``[b, c*D:(c+1)*D]``);
-    ``B = batch_size``. See the module docstring.
+    ``B = batch_size``. See the module docstring. A CPU ``E`` is pooled by
+    the numba kernels unless ``torch_ops`` (default :data:`TORCH_ON_CPU`) is
+    true; any other ``E`` by :func:`pool_torch`.
     """
     if concat_columns and offsets.shape[0] - 1 != concat_columns * batch_size:
         raise ArgumentError(
             f"pool: {offsets.shape[0] - 1} bags are not "
             f"concat_columns={concat_columns} x batch_size={batch_size}."
         )
+    if E.device.type != "cpu" or (TORCH_ON_CPU if torch_ops is None else torch_ops):
+        return pool_torch(E, vids, offsets, scales, batch_size, concat_columns)
     return PoolBags.apply(E, vids, offsets, scales, batch_size, concat_columns)  # type: ignore[no-any-return]
+
+
+def pool_torch(
+    E: torch.Tensor,
+    vids: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    scales: npt.NDArray[np.float32],
+    batch_size: int,
+    concat_columns: int = 0,
+) -> torch.Tensor:
+    """:func:`pool` in torch ops on ``E``'s device, differentiated by autograd.
+
+    The bags' arrays go to the device (three host-to-device copies); each
+    occurrence's output row is computed there. Run on the CPU only here.
+
+    Example:
+        >>> E = torch.tensor([[1.0, 2.0], [10.0, 20.0]])              # [U=2, D=2]
+        >>> vids = np.array([0, 1, 1], np.int64)                      # [N=3]
+        >>> offsets = np.array([0, 2, 2, 3], np.int64)                # bags {0, 1}, {}, {1}
+        >>> pool_torch(E, vids, offsets, np.float32([0.5, 1, 1]), batch_size=3)
+        tensor([[ 5.5000, 11.0000],
+                [ 0.0000,  0.0000],
+                [10.0000, 20.0000]])
+    """
+    device, D = E.device, E.shape[1]
+    n = offsets.shape[0] - 1  # C*B bags
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    v = to_device(vids[lo:hi], device)  # [N]
+    lengths = to_device(np.diff(offsets), device)  # [C*B]
+    s = to_device(scales, device)  # [C*B]
+    bag = torch.arange(n, device=device)  # [C*B] output row of bag j = c*B + b
+    if concat_columns and batch_size:
+        # bag c*B + b goes to row b*C + c of [B*C, D], which is out[b, c*D:(c+1)*D] of [B, C*D]
+        C, B = concat_columns, batch_size
+        bag = (bag % B) * C + bag // B  # [C*B]
+        s = s.view(C, B).t().reshape(-1)  # [B*C] the scale of each output row
+    dest = torch.repeat_interleave(bag, lengths, output_size=hi - lo)  # [N]
+    rows = E.index_select(0, v)  # [N, D]
+    out = E.new_zeros((n, D)).index_add(0, dest, rows)  # [C*B, D] sums in occurrence order
+    out = out * s.unsqueeze(1)  # [C*B, D]
+    return out.view(batch_size, concat_columns * D) if concat_columns else out
 
 
 def pool_rows(

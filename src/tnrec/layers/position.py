@@ -16,6 +16,7 @@ import torch
 
 from tnrec.errors import ArgumentError, DataError
 from tnrec.feature_column import CategoryColumn, hash_values
+from tnrec.layers.device import to_device
 
 
 def _tower(n_positions: int, hidden_units: Sequence[int]) -> torch.nn.Sequential:
@@ -158,5 +159,6 @@ class PositionBias(torch.nn.Module):
                 f"forward hands them over (call set_batch(batch) in your own forward). "
                 f"Received: positions of {got} rows for {like.shape[0]} rows."
             )
-        one_hot = torch.nn.functional.one_hot(self._index, len(self.positions)).float()  # [B, P]
+        index = to_device(self._index, like.device)  # [B]
+        one_hot = torch.nn.functional.one_hot(index, len(self.positions)).float()  # [B, P]
         return self.tower(one_hot).reshape(-1)  # [B]
