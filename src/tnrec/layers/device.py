@@ -84,6 +84,57 @@ def host_float32(t: torch.Tensor) -> npt.NDArray[np.float32]:
     return np.ascontiguousarray(host.numpy(), dtype=np.float32)
 
 
+def parse_device(device: object) -> torch.device:
+    """Return ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"`` or such a ``torch.device``) parsed.
+
+    Only the form is checked, not whether the machine has the device: a config
+    written on a GPU machine still reads on a CPU one (see :func:`check_device`).
+
+    Raises:
+        ArgumentError: another value (another device type, a typo, not a str).
+
+    Example:
+        >>> parse_device("cuda:1")
+        device(type='cuda', index=1)
+    """
+    want = '`device` must be "cpu", "cuda" or "cuda:N"'
+    if not isinstance(device, (str, torch.device)):
+        raise ArgumentError(f"{want}. Received: device={device!r} ({type(device).__name__}).")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):  # torch's error for an unknown device string
+        raise ArgumentError(f"{want}. Received: device={device!r}.") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ArgumentError(f"{want}. Received: device={device!r}.")
+    return parsed
+
+
+def check_device(device: object) -> torch.device:
+    """Return ``device`` parsed (:func:`parse_device`) if this process can run on it.
+
+    Raises:
+        ArgumentError: a bad form, ``"cuda"`` where ``torch.cuda.is_available()``
+            is False, or ``"cuda:N"`` past the devices there are.
+
+    Example:
+        >>> check_device("cpu")
+        device(type='cpu')
+    """
+    parsed = parse_device(device)
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ArgumentError(
+            f"`device` is {str(device)!r} but CUDA is not available here "
+            f"(torch {torch.__version__}: torch.cuda.is_available() is False); use device='cpu'."
+        )
+    if parsed.type == "cuda" and parsed.index is not None:
+        count = torch.cuda.device_count()  # not run here: no GPU
+        if parsed.index >= count:
+            raise ArgumentError(
+                f"`device` is {str(device)!r} but this machine has {count} CUDA device(s)."
+            )
+    return parsed
+
+
 def check_precision(precision: object) -> str:
     """Return ``precision`` if it is one of :data:`PRECISIONS`.
 

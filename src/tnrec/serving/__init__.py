@@ -36,10 +36,11 @@ from tnrec.export.dictionary import find_rows, key_index, take_rows
 from tnrec.export.layout import shard_dir
 from tnrec.export.manifest import verify_files
 from tnrec.feature_column import Column, from_spec
+from tnrec.layers.device import check_device, to_host
 from tnrec.layers.pooling import bag_scales, pool_rows, sequence_positions
 from tnrec.losses import PREDICTIONS
+from tnrec.serving.device import inputs_to, load_graph_on
 from tnrec.serving.fast import _fast_inputs, _fast_plan
-from tnrec.serving.graph import load_graph
 from tnrec.serving.plans import (
     _batch_bags,
     _grid_bags,
@@ -81,9 +82,16 @@ class Predictor:
             shards are always checked).
         shards: the indices of the shards to load (distinct ints in ``[0, W)``),
             or None for all of them.
+        device: where the dense graph runs: ``"cpu"`` (the default) or
+            ``"cuda"`` / ``"cuda:N"``. The dictionaries stay on the host (keys
+            are looked up and pooled there); the graph's inputs move to the
+            device and the predictions come back as numpy
+            (:mod:`tnrec.serving.device`; CUDA not run on a GPU here).
 
     Raises:
-        ArgumentError: ``shards`` is not a non-empty list of distinct shard indices.
+        ArgumentError: ``shards`` is not a non-empty list of distinct shard
+            indices, or ``device`` is not a device this process has (another
+            type, or CUDA where it is not available).
         CheckpointError: no export at ``path``, or a file of it is missing,
             damaged or does not match the manifest (names the file).
         ChecksumError: a file does not match its sha256.
@@ -107,9 +115,14 @@ class Predictor:
         path: str | os.PathLike[str],
         verify: bool = True,
         shards: Sequence[int] | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise ArgumentError(f"Predictor: `path` must be a directory. Received: {path!r}.")
+        try:
+            self.device: torch.device = check_device(device)
+        except ArgumentError as e:
+            raise ArgumentError(f"Predictor: {e}") from None
         self.path = _fileio.absolute(path)
         self.manifest = read_manifest(self.path, verify=False)
         self.num_shards: int = self.manifest["routing"]["num_shards"]
@@ -124,7 +137,7 @@ class Predictor:
             t: {r: load_shard(self.path, t, r, self.manifest) for r in self.shards}
             for t in self.manifest["tables"]
         }
-        self.graph = load_graph(_fileio.join(self.path, GRAPH))
+        self.graph = load_graph_on(_fileio.join(self.path, GRAPH), self.device)
         self.required = [c.key for c in self.columns]
         self._by_key = {c.key: c for c in self.columns}
         # Everything a call needs that depends on the export only, built once:
@@ -164,6 +177,8 @@ class Predictor:
         new.dictionaries, new.graph, new.manifest = delta_state(
             self.manifest, self.dictionaries, self.path, _fileio.absolute(path)
         )
+        if self.device.type != "cpu":  # delta_state loads the graph for the CPU
+            new.graph = load_graph_on(_fileio.join(_fileio.absolute(path), GRAPH), self.device)
         new._index = {}
         for t, parts in new.dictionaries.items():
             for r, (dict_keys, _) in parts.items():
@@ -438,10 +453,10 @@ class Predictor:
             v = values[i]
             args.extend(v if isinstance(v, tuple) else (v,))
         args.append(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)))
-        outs = self._run(args, B)
+        outs = self._run(inputs_to(args, self.device), B)  # the CPU: args as they are
         result = {}
         for head, output in zip(self.heads, outs, strict=True):
-            result[head["name"]] = PREDICTIONS[head["prediction"]](output).numpy()
+            result[head["name"]] = PREDICTIONS[head["prediction"]](to_host(output)).numpy()
         return result[""] if list(result) == [""] else result
 
     def _table_values(

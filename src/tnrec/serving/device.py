@@ -1,0 +1,58 @@
+"""The Predictor's dense graph on a device: the graph there, its inputs moved, its outputs back.
+
+The dictionaries stay on the host: keys are looked up and pooled there, and
+only the graph's inputs (pooled rows ``[B, D]``, sequence grids ``[B, T, D]``
+and lengths ``[B]``, dense features ``[B, F]``) cross to the device, through
+:mod:`tnrec.layers.device`; the outputs come back before the predictions are
+made numpy. On the CPU nothing moves (the default, the path tests run). The
+CUDA branch is written to torch's documented semantics
+(``torch.export.passes.move_to_device_pass``, pinned non-blocking copies) and
+has not been run on a GPU.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+from tnrec import _fileio
+from tnrec.errors import CheckpointError
+from tnrec.export.dictionary import check_present
+from tnrec.layers.device import to_device
+from tnrec.serving.graph import load_graph
+
+
+def load_graph_on(fname: str, device: torch.device) -> Any:
+    """The dense graph of ``fname`` as a module on ``device`` (the CPU: :func:`load_graph`).
+
+    Off the CPU the exported program is moved before it becomes a module, so
+    its parameters, buffers, constants and the devices its ops name all move.
+    Not run on a GPU here.
+
+    Raises:
+        CheckpointError: the file is missing or damaged (names it).
+    """
+    if device.type == "cpu":
+        return load_graph(fname)
+    from torch.export.passes import move_to_device_pass
+
+    check_present(fname)
+    try:
+        if _fileio.is_remote(fname):
+            program = torch.export.load(io.BytesIO(_fileio.read_bytes(fname)))
+        else:
+            program = torch.export.load(fname)
+    except Exception as e:  # torch raises many types on a damaged archive; name the file
+        raise CheckpointError(
+            f"Export file {fname} is damaged (torch.export.load fails: {e}); write the export anew."
+        ) from None
+    return move_to_device_pass(program, device).module()
+
+
+def inputs_to(args: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The graph's host inputs on ``device`` (the CPU: ``args`` itself, nothing copied)."""
+    if device.type == "cpu":
+        return args
+    return [to_device(a, device) for a in args]
