@@ -50,6 +50,7 @@ Every key, with its default::
     log_every = 100                # steps between log lines
     pipeline = false               # true: read and prepare the next batch while a step computes
     balance = false                # true: hand out row groups and files as workers run dry
+    device = "cpu"                 # cpu | cuda | cuda:N: the dense part's (tables stay on the host)
 
     [checkpoint]                   # the model dir is a checkpoint root (tnrec.checkpoint)
     dir = "runs/tnrec/model"       # default: <output_dir>/model
@@ -123,6 +124,7 @@ from tnrec import _fileio
 from tnrec.data import criteo_columns
 from tnrec.errors import ArgumentError, ConfigError, SpecError
 from tnrec.feature_column import HASH_NAME, SPEC_FORMAT, SPEC_VERSION, Column, from_spec
+from tnrec.layers.device import parse_device
 from tnrec.models import MODELS
 from tnrec.optimizer import SparseOptimizer
 from tnrec.schedules import Schedule, schedule_from_config
@@ -211,6 +213,7 @@ class TrainConfig:
     log_every: int = 100
     pipeline: bool = False
     balance: bool = False
+    device: str = "cpu"
 
 
 @dataclass
@@ -440,6 +443,19 @@ def _abs(base: str, p: str) -> str:
     return os.path.normpath(os.path.join(base, p))
 
 
+def _check_device_form(where: str, device: str) -> None:
+    """Refuse a ``train.device`` of another form than ``cpu | cuda | cuda:N``.
+
+    Only the form: whether this machine has the device is checked by
+    :func:`tnrec.cli.train.train_device`, so a config written on a GPU machine
+    still reads (``evaluate``, ``inspect``) on a CPU one.
+    """
+    try:
+        parse_device(device)
+    except ArgumentError as e:
+        raise ConfigError(f'{where}: "train.device": {e}') from None
+
+
 def _check_values(where: str, c: RunConfig) -> None:
     def positive(path: str, v: int | None, minimum: int = 1) -> None:
         if v is not None and v < minimum:
@@ -488,6 +504,7 @@ def _check_values(where: str, c: RunConfig) -> None:
             f'{where}: "data.on_bad_row" must be one of {BAD_ROW_MODES}. '
             f"Received: {d.on_bad_row!r}."
         )
+    _check_device_form(where, c.train.device)
     if len(d.delimiter) != 1:
         raise ConfigError(
             f'{where}: "data.delimiter" must be one character. Received: {d.delimiter!r}.'

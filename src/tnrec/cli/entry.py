@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
         "--eval-next-day", action="store_true", help="AUC on each day before training on it"
     )
     t.add_argument("--timeout-s", type=timeout, help="override distributed.timeout_s (> 0)")
+    t.add_argument("--device", help="override train.device: cpu | cuda | cuda:N (the dense part)")
     for name in ("evaluate", "predict"):
         e = sub.add_parser(name, help=f"{name} with a model written by `tnrec train`")
         e.add_argument("--model-dir", required=True, help="the model dir (or output_dir)")
@@ -152,6 +153,8 @@ def _run(args: argparse.Namespace) -> None:
         cfg = load_config(args.config, output_dir=args.output_dir)
         if args.timeout_s is not None:
             cfg.distributed.timeout_s = args.timeout_s
+        if args.device is not None:  # checked by train, as the config's value is
+            cfg.train.device = args.device
         logs = train(cfg, eval_next_day=args.eval_next_day)
         if current_or_new_strategy().rank == 0:
             print(to_json({k: v for k, v in logs.items() if k != "days"}))

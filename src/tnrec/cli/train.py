@@ -38,8 +38,9 @@ from tnrec.cli.inputs import check_inputs, make_reader
 from tnrec.daily import DayReport, train_days
 from tnrec.data import Reader
 from tnrec.distribute import PsStrategy
-from tnrec.errors import DistributedError, TnrecError
+from tnrec.errors import ArgumentError, DistributedError, TnrecError
 from tnrec.feature_column import canonical_spec
+from tnrec.layers.device import check_device
 from tnrec.runlog import RUNLOG_FILE, RunLog
 
 
@@ -78,6 +79,29 @@ def _check_same_config(strategy: PsStrategy, cfg: RunConfig) -> None:
             f"{cfg.source}: the workers were started with different run configs or model dirs: "
             f"{'; '.join(lines)}. Start every worker with the same config and --output-dir."
         )
+
+
+def train_device(cfg: RunConfig, world_size: int) -> torch.device:
+    """Return the dense part's device of ``train.device``, checked before anything is built.
+
+    Raises:
+        ConfigError: the device is not one this process has (CUDA not
+            available, or ``cuda:N`` past the devices there are), or is CUDA
+            with more than one worker: the workers' dense all-reduce runs on
+            host tensors, and the NCCL group for it is not built yet
+            (:func:`tnrec.distribute.dense_backend_for`).
+    """
+    try:
+        device = check_device(cfg.train.device)
+    except ArgumentError as e:
+        raise ConfigError(f'{cfg.source}: "train.device": {e}') from None
+    if device.type == "cuda" and world_size > 1:
+        raise ConfigError(
+            f'{cfg.source}: "train.device" is {cfg.train.device!r} with {world_size} workers; '
+            "tnrec trains on CUDA in one process only so far (the dense all-reduce runs on "
+            'host tensors). Train with one worker, or with device = "cpu".'
+        )
+    return device
 
 
 def _has_checkpoint(model_dir: str) -> bool:
@@ -202,7 +226,8 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
         and ``val_*`` metrics on the test data when the config has some.
 
     Raises:
-        ConfigError: ``train.steps_per_epoch`` is set, the workers' configs or
+        ConfigError: ``train.device`` is not a device this process can train
+            on (:func:`train_device`), ``train.steps_per_epoch`` is set, the workers' configs or
             model dirs differ, an input matches no file or holds no rows,
             ``output_dir`` or the model dir is a file, or the model dir holds
             another model's checkpoint.
@@ -211,6 +236,7 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     d = cfg.distributed
     strategy = current_or_new_strategy(d.timeout_s, d.memory_limit_bytes, d.mode, d.staleness)
     rank = strategy.rank
+    device = train_device(cfg, strategy.world_size)
     _check_same_config(strategy, cfg)
     if cfg.train.steps_per_epoch is not None:
         raise ConfigError(
@@ -220,7 +246,7 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     _check_run_dirs(cfg)
     check_inputs(cfg)
     days = _days(cfg)
-    model = build_model(cfg)
+    model = build_model(cfg).to(device)  # the dense part; the tables stay on the host
     model_dir = cfg.model_dir
     doc = model_doc(model, model_params(cfg), make_policy(cfg), cfg.to_dict())
     _on_rank0(strategy, lambda: _write_run_files(cfg, doc), "prepare the model dir")

@@ -327,7 +327,7 @@ def test_python_m_tnrec_cli_help():
         pytest.param(
             "[train]",
             "[train]\nx = 1",
-            r'unknown key "train.x". Valid keys here: balance, batch_size, ep',
+            r'unknown key "train.x". Valid keys here: balance, batch_size, device, ep',
             id="no-suggestion",
         ),
         pytest.param(

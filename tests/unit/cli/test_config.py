@@ -91,7 +91,7 @@ def test_a_config_json_written_before_the_dataclasses_reads_back(tmp_path):
     want["checkpoint"]["save_every_days"] = 1
     want["schedule"] = None
     want["data"]["compression"] = "auto"
-    want["train"].update(pipeline=False, balance=False)
+    want["train"].update(pipeline=False, balance=False, device="cpu")
     want["admission"] = {
         "min_show": None,
         "probability": None,
@@ -110,7 +110,7 @@ def test_key_digests_name_every_leaf_key_in_a_fixed_order():
     keys = [k for k, _ in key_digests(cfg)]
     assert keys[:5] == ["seed", "output_dir", "columns", "model.name", "model.embedding_dim"]
     assert "optimizer.sparse" in keys and "optimizer" not in keys and "data" not in keys
-    assert keys[-2:] == ["distributed.staleness", "model_dir"] and len(keys) == 49
+    assert keys[-2:] == ["distributed.staleness", "model_dir"] and len(keys) == 50
     assert "distributed.mode" in keys
     assert "admission.min_show" in keys and "eviction.max_rows" in keys
 
