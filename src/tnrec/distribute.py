@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from tnrec.errors import ArgumentError, DistributedError
@@ -33,6 +34,9 @@ from tnrec.table import MemoryBudget, SparseTable, threads
 
 DEFAULT_TIMEOUT_S = 300.0
 
+#: ``PsStrategy(dense_backend=)``'s values besides None (chosen by the model's device).
+DENSE_BACKENDS = ("gloo", "nccl")
+
 
 _current: PsStrategy | None = None
 
@@ -41,8 +45,9 @@ class PsStrategy:
     """Run on every worker the launcher started; each worker holds a shard of every table.
 
     Creating it initialises the process group from the launcher's environment
-    (gloo on CPU; ``backend="nccl"`` where the dense network runs on GPUs --
-    the tables stay in host memory) or, in a single process, does nothing. It
+    (gloo: the tables stay in host memory, and so do the keys and rows they
+    exchange; ``dense_backend`` is the dense part's) or, in a single process,
+    does nothing. It
     becomes the current strategy: models built afterwards shard their tables
     over the workers, ``fit`` splits a reader per worker and keeps workers in
     step when their data is uneven. It also tells the tables how many workers
@@ -70,6 +75,12 @@ class PsStrategy:
             steps have pushes not yet applied when it pulls. ``k = 0``
             forbids any stale read, which only the synchronous exchange
             gives, so it runs sync mode. Ignored in sync mode and in one process.
+        dense_backend: the backend of the dense all-reduce and broadcasts:
+            None (:func:`dense_backend_for` chooses by the model's device:
+            ``backend`` for a CPU model, ``"nccl"`` for a CUDA one), ``"gloo"``
+            or ``"nccl"``. The second, NCCL process group is **not built yet**:
+            every collective runs on the ``backend`` group, so ``"nccl"`` with
+            more than one worker is refused rather than ignored.
 
     Example:
         >>> import tnrec as tn
@@ -88,8 +99,10 @@ class PsStrategy:
         memory_limit_bytes: int | None = None,
         mode: str = "sync",
         staleness: int = 4,
+        dense_backend: str | None = None,
     ) -> None:
         global _current
+        self.dense_backend = _check_dense_backend(dense_backend)
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ArgumentError(f"PsStrategy: `timeout_s` must be > 0. Received: {timeout_s!r}.")
         if mode not in ("sync", "async"):
@@ -106,6 +119,12 @@ class PsStrategy:
             MemoryBudget(memory_limit_bytes) if memory_limit_bytes is not None else None
         )
         self.env = launch_env()
+        if dense_backend == "nccl" and self.env.world_size > 1:
+            raise ArgumentError(
+                "PsStrategy: `dense_backend` 'nccl' needs a second, NCCL process group for the "
+                "dense all-reduce, which tnrec does not build yet "
+                f"({self.env.world_size} workers); use dense_backend=None or 'gloo'."
+            )
         self.timeout_s = float(timeout_s)
         self.comm: Comm | None = None
         if self.env.world_size > 1:
@@ -188,6 +207,64 @@ class PsStrategy:
         if _current is self:
             _current = None
             threads.set_local_workers(1)  # no strategy: this process is alone
+
+
+def _check_dense_backend(requested: object) -> str | None:
+    """Return ``requested`` if it is None or one of :data:`DENSE_BACKENDS`.
+
+    Raises:
+        ArgumentError: another value.
+    """
+    if requested is not None and requested not in DENSE_BACKENDS:
+        raise ArgumentError(
+            '`dense_backend` must be None, "gloo" or "nccl". '
+            f"Received: dense_backend={requested!r}."
+        )
+    return requested  # type: ignore[return-value]
+
+
+def dense_backend_for(
+    model_device: torch.device | str, requested: str | None, backend: str = "gloo"
+) -> str:
+    """Return the backend the dense all-reduce and broadcasts of a model on ``model_device`` use.
+
+    The rule (the sparse key/row exchange always stays on ``backend``, on the host):
+
+    ======================  ==========  ==================
+    ``requested``           CPU model   CUDA model
+    ======================  ==========  ==================
+    None                    ``backend`` ``"nccl"``
+    ``"gloo"``              ``"gloo"``  ``"gloo"``
+    ``"nccl"``              refused     ``"nccl"``
+    ======================  ==========  ==================
+
+    Gloo reduces CUDA tensors through host copies; NCCL reduces CUDA tensors
+    only. Only the choice is implemented: the NCCL process group it names for
+    a CUDA model is not built yet (see :class:`PsStrategy`).
+
+    Args:
+        model_device: the device of the model's dense parameters (``model.device``).
+        requested: ``PsStrategy(dense_backend=)``.
+        backend: the strategy's backend (its default process group).
+
+    Raises:
+        ArgumentError: ``requested`` is not None, "gloo" or "nccl", or is
+            "nccl" for a CPU model.
+
+    Example:
+        >>> dense_backend_for("cpu", None), dense_backend_for("cuda:0", None)
+        ('gloo', 'nccl')
+    """
+    requested = _check_dense_backend(requested)
+    device = torch.device(model_device)
+    if requested == "nccl" and device.type != "cuda":
+        raise ArgumentError(
+            "`dense_backend` 'nccl' reduces CUDA tensors only; the model is on "
+            f"{device}. Use dense_backend=None or 'gloo', or move the model with model.to('cuda')."
+        )
+    if requested is not None:
+        return requested
+    return "nccl" if device.type == "cuda" else backend
 
 
 def _import_before_process_group() -> None:
