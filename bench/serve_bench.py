@@ -4,6 +4,7 @@ One command, one table::
 
     python bench/serve_bench.py                  # about a minute on the 2-core machine
     python bench/serve_bench.py --rows 100000 --duration 4 --form columns
+    python bench/serve_bench.py --aot            # also the graph compiled ahead of time
 
 It trains a zoo model (DeepFM by default) for one epoch on synthetic
 Criteo-schema data (``tnrec.data.synthetic``: 13 numeric, 26 categorical
@@ -107,8 +108,12 @@ def in_process(
     rounds: int = 4,
     windows: int = 8,
     max_calls: int = 20_000,
+    aot: bool = False,
 ) -> list[dict[str, float]]:
     """Time ``Predictor.predict`` and the dense graph alone at each batch size.
+
+    ``aot``: the Predictor's dense graph compiled ahead of time
+    (``Predictor(export, aot=True)``; raises when it cannot be compiled).
 
     Returns:
         One dict a batch size: ``batch``, ``p50_ms``, ``p99_ms``, ``rows_per_s``
@@ -119,7 +124,9 @@ def in_process(
     from tnrec.serving import Predictor
 
     torch.set_num_threads(1)
-    p = Predictor(export)
+    p = Predictor(export, aot=aot)
+    if aot and p.graph_kind != "aot":
+        raise SystemExit(f"--aot: the dense graph could not be compiled: {p.aot_error}")
     held_out = pq.read_table(data).select(p.required)
     out = []
     for b in batches:
@@ -138,7 +145,7 @@ def in_process(
 
         for w in range(windows):
             got = torch.sigmoid(graph(w)[0]).numpy()
-            np.testing.assert_array_equal(got, want[w])
+            np.testing.assert_array_equal(got, want[w])  # the Predictor runs the same graph
         pt: list[float] = []
         gt: list[float] = []
         for _ in range(rounds):
@@ -207,6 +214,11 @@ def main() -> None:
     ap.add_argument(
         "--http", nargs=argparse.REMAINDER, help="then the HTTP benchmark, with these arguments"
     )
+    ap.add_argument(
+        "--aot",
+        action="store_true",
+        help="also time the dense graph compiled ahead of time (needs a C++ compiler)",
+    )
     add_strict_flag(ap)
     args = ap.parse_args()
     print(f"before: {_load()}")
@@ -223,22 +235,32 @@ def main() -> None:
                 f"{args.model}, trained on {args.rows:,} synthetic Criteo-schema rows "
                 f"({time.perf_counter() - t0:.0f} s with the export)"
             )
-        with MachineWatch() as watch:
-            results = in_process(
-                export,
-                data,
-                tuple(args.batches),
-                form=args.form,
-                duration_s=args.duration,
-                rounds=args.rounds,
-                windows=args.windows,
-                max_calls=args.max_calls,
+        tables = []
+        for aot in (False, True) if args.aot else (False,):
+            t0 = time.perf_counter()
+            with MachineWatch() as watch:
+                results = in_process(
+                    export,
+                    data,
+                    tuple(args.batches),
+                    form=args.form,
+                    duration_s=args.duration,
+                    rounds=args.rounds,
+                    windows=args.windows,
+                    max_calls=args.max_calls,
+                    aot=aot,
+                )
+            kind = "compiled ahead of time" if aot else "the exported program"
+            tables.append(
+                (f"dense graph: {kind} ({time.perf_counter() - t0:.0f} s)", results, watch)
             )
-    states = [("in-process table (every batch size)", watch.state)]
+    states = [(f"in-process table, {k}", w.state) for k, _, w in tables]
     check_runs(states, args.strict)
-    print(f"\n{what}; in process, 1 torch thread, input: {args.form}\n")
-    print_in_process(results)
-    print(f"\nduring the timed calls: {watch.state.summary()} (other processes' mean cores)")
+    print(f"\n{what}; in process, 1 torch thread, input: {args.form}")
+    for kind, results, watch in tables:
+        print(f"\n{kind}\n")
+        print_in_process(results)
+        print(f"\nduring the timed calls: {watch.state.summary()} (other processes' mean cores)")
     for line in check_runs(states, strict=False):
         print(line)
     print(f"after: {_load()}")

@@ -78,3 +78,14 @@ def test_the_service_takes_a_delta_while_serving(delta, exports):
         r = s.post("/v1/reload", {"delta": delta})  # applied already: its base is gone
         assert r.status_code == 422 and "applies to an export of generation" in r.json()["error"]
         assert s.get("/readyz").json()["model_version"] == version
+
+
+def test_a_compiled_predictor_compiles_the_deltas_graph_too(delta, exports, tmp_path):
+    rows = exports["rows"]
+    want = Predictor(exports["b"]).predict(rows)
+    p = Predictor(exports["a"], aot=True, aot_cache=str(tmp_path / "aot"))
+    assert p.graph_kind == "aot", p.aot_error
+    updated = p.with_delta(delta)
+    assert updated.graph_kind == "aot", updated.aot_error
+    assert updated.graph is not p.graph
+    np.testing.assert_allclose(updated.predict(rows), want, rtol=0, atol=1e-6)
