@@ -5,26 +5,17 @@ import os
 import time
 
 import numpy as np
-import pyarrow as pa
 import pytest
-import torch
 
-from tests.unit.serving.test_predictor_fast import COLUMNS, wide_rows
-from tnrec.data import to_batch
+from tests.unit.serving.test_predictor_fast import wide_export, wide_rows  # noqa: F401
 from tnrec.errors import ArgumentError
-from tnrec.models import DeepFM
 from tnrec.serving import Predictor
 from tnrec.serving.graph import aot_graph
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = DeepFM(COLUMNS, embedding_dim=4, hidden_units=[8])
-    model.compile()
-    table = pa.Table.from_pylist(wide_rows(128, 0))
-    model.fit([to_batch(table.slice(i, 64), COLUMNS, label="y") for i in (0, 64)], verbose=0)
-    return model.export(str(tmp_path_factory.mktemp("aot") / "exp"))
+def export_dir(wide_export):  # noqa: F811 - the fixture imported above
+    return wide_export
 
 
 @pytest.fixture(scope="module")
