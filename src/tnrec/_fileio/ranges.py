@@ -2,9 +2,10 @@
 
 A local file is opened with ``O_DIRECT`` where the file system takes it: the
 bytes go from the disk into the buffer without passing through the page
-cache, so the read costs no CPU time for the copy (about 0.8 ns a byte on the
-development VM, a core's worth at 1.3 GB/s), and a table being loaded does
-not also fill the cache with its own files while it takes that memory as rows.
+cache, so the read spends no CPU time copying out of the cache (a buffered
+read's copy is kernel time, which ``bench/scale_bench.py`` reports for a
+load), and a table being loaded does not also fill the cache with its own
+files while it takes that memory as rows.
 ``O_DIRECT`` needs the file offset, the length and the buffer address aligned
 to the device's block, so a range is read from the aligned offset below it
 into an aligned buffer, and the returned view starts ``offset % ALIGN`` bytes

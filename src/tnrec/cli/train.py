@@ -98,7 +98,7 @@ def train_device(cfg: RunConfig, world_size: int) -> torch.device:
     if device.type == "cuda" and world_size > 1:
         raise ConfigError(
             f'{cfg.source}: "train.device" is {cfg.train.device!r} with {world_size} workers; '
-            "tnrec trains on CUDA in one process only so far (the dense all-reduce runs on "
+            "tnrec trains on CUDA in one process only (the dense all-reduce runs on "
             'host tensors). Train with one worker, or with device = "cpu".'
         )
     return device

@@ -30,7 +30,7 @@ from tnrec.compat import tensornet as tnc
 from tnrec.compat.tensornet_files import BLOCK_NAME, Block, read_block
 from tnrec.errors import ArgumentError, CheckpointError
 from tnrec.ps import LocalPS
-from tnrec.table import Adam, SparseTable
+from tnrec.table import Adam, SparseTable, stream
 
 if TYPE_CHECKING:
     from tnrec.layers.spec import CheckpointModel
@@ -266,14 +266,11 @@ def _build_table(name: str, blocks: list[Block], files: list[str], s: Settings) 
     columns["marker"] = np.full(n, table.generation, np.int32)
     table.reserve(n)
     rows = table.rows_for(signs.view(np.int64), new=True)
-    start = 0
-    layout: list[tuple[str, int, str]] = [("weights", D, "f4")]
-    layout += [(k, w or 1, dt) for k, w, dt in s.optimizer.state_arrays(D)]
-    layout += [("show", 1, "f4"), ("click", 1, "f4"), ("unseen_days", 1, "i4"), ("marker", 1, "i4")]
-    for key, width, _ in layout:
-        block = columns[key].reshape(n, width)
-        table.write_column(rows, start, np.ascontiguousarray(block))
-        start += width
+    parts = [
+        (c.start, np.ascontiguousarray(columns[c.name].reshape(n, c.width)))
+        for c in stream.columns(D, s.optimizer.state_arrays(D))
+    ]
+    table.write_blocks(rows, parts)
     return table
 
 

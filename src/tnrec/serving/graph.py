@@ -71,7 +71,5 @@ def aot_graph(
                 os.remove(tmp)
         return torch._inductor.aoti_load_package(package), None
     except Exception as e:  # no compiler, an unsupported op, a full disk: say why
-        return (
-            None,
-            f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
-        )
+        first = (str(e).strip().splitlines() or [""])[0]
+        return None, f"{type(e).__name__}: {first[:300]}"
