@@ -84,37 +84,39 @@ def _candidates(
 ) -> int:  # pragma: no cover - compiled
     """Collect every unprotected row of ``buckets``; return how many.
 
-    A key of bucket ``b`` has ``mix64(key) % 1024 == b`` and its home slot is
-    ``mix64(key) & (C - 1)``, so its home is one of the slots ``b + 1024 j``
-    and, by linear probing, it sits in the occupied run that continues from
-    there. Walking from each such slot until an empty slot or the next one
-    (``1024`` slots on) meets every key of ``b`` exactly once: about ``C /
-    1024`` short runs per bucket instead of the whole index.
+    The index is laid out by bucket (:mod:`tnrec.table.index`): a key of
+    bucket ``b`` has its home in the ``C / 1024`` slots from ``b * C / 1024``
+    and, by linear probing, sits there or further on in the occupied run that
+    crosses the region's end. Walking the region and then that run meets every
+    key of ``b`` exactly once, without reading the rest of the index.
     """
     n = 0
     C = slots.shape[0]
     mask = C - 1
+    per = C // NUM_BUCKETS
     nb_ = np.uint64(NUM_BUCKETS)
     for bi in range(buckets.shape[0]):
         b = buckets[bi]
-        for start in range(b, C, NUM_BUCKETS):
-            for step in range(NUM_BUCKETS):
-                s = (start + step) & mask
-                r = slots[s, 2]
-                if r < 0:
+        first = b * per
+        for t in range(first, first + C):
+            s = t & mask
+            r = slots[s, 2]
+            if r < 0:
+                if t >= first + per:
                     break
-                if protected[r >> 3] & np.uint8(1 << (r & 7)):
-                    continue
-                key = slot_key(slots, s)
-                if int(mix64_scalar(np.uint64(key)) % nb_) != b:
-                    continue
-                c = row_f32(bases, r, shift, lmask, stride)
-                ci = row_i32(bases, r, shift, lmask, stride)
-                out_keys[n] = key
-                out_bucket[n] = b
-                out_show[n] = c[base]
-                out_unseen[n] = ci[base + 2]
-                n += 1
+                continue
+            if protected[r >> 3] & np.uint8(1 << (r & 7)):
+                continue
+            key = slot_key(slots, s)
+            if int(mix64_scalar(np.uint64(key)) % nb_) != b:
+                continue
+            c = row_f32(bases, r, shift, lmask, stride)
+            ci = row_i32(bases, r, shift, lmask, stride)
+            out_keys[n] = key
+            out_bucket[n] = b
+            out_show[n] = c[base]
+            out_unseen[n] = ci[base + 2]
+            n += 1
     return n
 
 

@@ -71,11 +71,21 @@ class RowStore:
 
     def add_chunk(self) -> None:
         """Allocate one more chunk of zeroed rows."""
-        if self.capacity + self.chunk_rows > _INT32_MAX:
+        self.add_chunks(1)
+
+    def add_chunks(self, k: int) -> None:
+        """Allocate ``k`` more chunks of zeroed rows as one block of memory: a block of 4 MiB
+        or more is one numpy asks the kernel to back with huge pages, so filling ``k`` chunks
+        at once (a load) takes a page fault every 2 MiB instead of every 4 KiB; its pages are
+        still zeroed by the kernel as they are first touched."""
+        if k <= 0:
+            return
+        if self.capacity + k * self.chunk_rows > _INT32_MAX:
             raise RuntimeError("internal error: a table cannot hold more than 2**31 - 1 rows")
-        block = np.zeros((self.chunk_rows, self.stride), dtype=np.float32)
-        self.chunks.append(block)
-        self.bases = np.append(self.bases, np.int64(block.ctypes.data))
+        slab = np.zeros((k * self.chunk_rows, self.stride), dtype=np.float32)
+        blocks = [slab[i * self.chunk_rows : (i + 1) * self.chunk_rows] for i in range(k)]
+        self.chunks.extend(blocks)
+        self.bases = np.append(self.bases, np.array([b.ctypes.data for b in blocks], np.int64))
         need = self.capacity // 8
         if need > self.bitmap.shape[0]:  # doubled: adding k chunks copies O(k) bytes in all
             grown = np.zeros(max(need, 2 * self.bitmap.shape[0]), dtype=np.uint8)

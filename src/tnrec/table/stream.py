@@ -396,9 +396,6 @@ def read_rows(
                 os.path.join(d, f), c.dtype, c.shape(n), sums.get(f), hashing, rows
             )
         fresh = len(table) == 0  # a file's keys are unique: into an empty table all are new
-        t0 = time.perf_counter()
-        table.reserve(sum(b - a for a, b in spans))
-        index_s = time.perf_counter() - t0
         chunks = [(lo + a, lo + b) for lo, hi in spans for a, b in _chunks(hi - lo, stride)]
         hashers = _Hashers(readers) if hashing else None
         hashed: list[list[Future[None]]] = []
@@ -409,6 +406,9 @@ def read_rows(
             ThreadPoolExecutor(1, thread_name_prefix="tnrec-rows") as writer,
         ):
             ahead = pool.submit(_read_chunk, readers, *chunks[0]) if chunks else None
+            t0 = time.perf_counter()  # the first chunk is read while the room is made
+            table.reserve(sum(b - a for a, b in spans))
+            index_s = time.perf_counter() - t0
             for i in range(len(chunks)):
                 blocks = ahead.result()  # type: ignore[union-attr]
                 if hashers is not None:

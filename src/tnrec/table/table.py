@@ -571,8 +571,7 @@ class SparseTable(RowAccess):
             self.memory_budget.check(self, extra, f"adding {n} keys")
         if grow:
             self._grow_index(self._count + n)
-        for _ in range(chunks):
-            st.add_chunk()
+        st.add_chunks(chunks)
 
     def _grow_index(self, need: int) -> None:
         cap = index.capacity_for(need)
