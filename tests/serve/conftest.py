@@ -64,6 +64,17 @@ def exports(tmp_path_factory) -> dict[str, Any]:
     return {"a": paths["a"], "b": paths["b"], "rows": rows, "work": work}
 
 
+@pytest.fixture(scope="session")
+def aot_cache(exports, tmp_path_factory) -> str:
+    """A cache of compiled graphs holding the dense graph of export ``a``."""
+    from tnrec.serving import Predictor
+
+    cache = str(tmp_path_factory.mktemp("aot"))
+    p = Predictor(exports["a"], aot=True, aot_cache=cache)
+    assert p.graph_kind == "aot", p.aot_error
+    return cache
+
+
 @contextlib.contextmanager
 def start_server(export: str, *args: str, timeout_s: float = 90.0) -> Iterator[Server]:
     """Run ``tnrec serve export args`` until the block ends; yield its address."""

@@ -80,10 +80,10 @@ def test_the_service_takes_a_delta_while_serving(delta, exports):
         assert s.get("/readyz").json()["model_version"] == version
 
 
-def test_a_compiled_predictor_compiles_the_deltas_graph_too(delta, exports, tmp_path):
+def test_a_compiled_predictor_compiles_the_deltas_graph_too(delta, exports, aot_cache):
     rows = exports["rows"]
     want = Predictor(exports["b"]).predict(rows)
-    p = Predictor(exports["a"], aot=True, aot_cache=str(tmp_path / "aot"))
+    p = Predictor(exports["a"], aot=True, aot_cache=aot_cache)
     assert p.graph_kind == "aot", p.aot_error
     updated = p.with_delta(delta)
     assert updated.graph_kind == "aot", updated.aot_error

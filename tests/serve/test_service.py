@@ -327,3 +327,23 @@ def test_the_workers_listening_socket_is_a_tcp_one():
         assert sock.proto == socket.IPPROTO_TCP and sock.get_inheritable()
     finally:
         sock.close()
+
+
+def test_aot_serves_the_compiled_graph_and_says_so(exports, aot_cache, tmp_path):
+    rows = exports["rows"][:120]
+    want = _expected(exports["a"], rows)
+    with start_server(exports["a"], "--aot", "--aot-cache", aot_cache) as s:
+        ready = s.get("/readyz").json()
+        assert ready["graph"] == "aot" and ready["aot_error"] is None
+        got = s.post("/v1/predict", {"rows": rows}).json()["predictions"]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    # A cache that cannot be written: the exported program serves, and /readyz says why.
+    blocked = tmp_path / "not_a_dir"
+    blocked.write_text("a file where the cache should be")
+    with start_server(exports["a"], "--aot", "--aot-cache", str(blocked)) as s:
+        ready = s.get("/readyz").json()
+        assert ready["graph"] == "exported" and ready["aot_error"]
+        got = s.post("/v1/predict", {"rows": rows}).json()["predictions"]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    with start_server(exports["a"]) as s:  # without --aot: the exported program
+        assert s.get("/readyz").json()["graph"] == "exported"

@@ -114,6 +114,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--threads", type=positive_int, default=1, help="torch threads per worker (>= 1)"
     )
+    v.add_argument(
+        "--aot",
+        action="store_true",
+        help="run the dense graph compiled ahead of time (needs a C++ compiler the first time; "
+        "without one the exported program runs and /readyz says why)",
+    )
+    v.add_argument(
+        "--aot-cache", metavar="DIR", help="where --aot keeps compiled graphs (~/.cache/tnrec/aot)"
+    )
 
 
 def _import_parser(sub: argparse._SubParsersAction) -> None:
@@ -228,6 +237,8 @@ def serve(args: argparse.Namespace) -> None:
         max_rows=args.max_rows,
         watch=_fileio.absolute(args.watch) if args.watch else None,
         threads=args.threads,
+        aot=args.aot,
+        aot_cache=_fileio.absolute(args.aot_cache) if args.aot_cache else None,
     )
     run_service(settings, host=args.host, port=args.port, workers=args.workers)
 

@@ -43,6 +43,8 @@ class Settings:
     state_dir: str | None = None  # shared by the workers of one service (several workers)
     poll_s: float = 0.25
     threads: int = 1  # torch threads of each worker
+    aot: bool = False  # the dense graph compiled ahead of time (Predictor's aot)
+    aot_cache: str | None = None  # where compiled graphs are kept (Predictor's aot_cache)
 
     def to_env(self) -> dict[str, str]:
         """The settings as environment variables, for worker processes (:func:`from_env`)."""
@@ -71,7 +73,7 @@ class Service:
         torch.set_num_threads(settings.threads)
         self.settings = settings
         self.metrics = Metrics()
-        self.slot = ModelSlot(self.metrics)
+        self.slot = ModelSlot(self.metrics, settings.aot, settings.aot_cache)
         self.batcher: Batcher | None = None
         self._control_seen: bytes | None = None
         self._failed_watch: str | None = None  # a _latest target that failed to load
@@ -161,6 +163,8 @@ class Service:
                 "ready": True,
                 "model_version": current.version,
                 "export": current.path,
+                "graph": current.predictor.graph_kind,
+                "aot_error": current.predictor.aot_error,
                 "last_reload_error": self.slot.last_error,
             }
         )

@@ -49,14 +49,16 @@ def _dictionary_bytes(predictor: Predictor) -> int:
     )
 
 
-def load(path: str) -> Loaded:
-    """Load and verify the export at ``path``.
+def load(path: str, aot: bool = False, aot_cache: str | None = None) -> Loaded:
+    """Load and verify the export at ``path`` (``aot``: its dense graph compiled ahead of
+    time and cached in ``aot_cache``, :class:`~tnrec.serving.Predictor`'s ``aot``; without a
+    compiler the exported program serves and ``Predictor.aot_error`` says why).
 
     Raises:
         TnrecError: the export is missing, damaged or unreadable (names the file).
     """
     t0 = time.perf_counter()
-    predictor = Predictor(path)
+    predictor = Predictor(path, aot=aot, aot_cache=aot_cache)
     version = _version(predictor.path, _name(predictor.path))
     nbytes = _dictionary_bytes(predictor)
     return Loaded(predictor, predictor.path, version, nbytes, time.perf_counter() - t0)
@@ -84,8 +86,10 @@ def with_delta(current: Loaded, path: str) -> Loaded:
 class ModelSlot:
     """The model being served; reloads are serialized, the swap is one assignment."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, aot: bool = False, aot_cache: str | None = None) -> None:
         self.metrics = metrics
+        self.aot = aot
+        self.aot_cache = aot_cache
         self.current: Loaded | None = None
         self.last_error: str | None = None
         self.reloads = 0
@@ -101,9 +105,12 @@ class ModelSlot:
         with self._lock:
             t0 = time.perf_counter()
             try:
-                if delta and self.current is None:
+                if not delta:
+                    new = load(path, self.aot, self.aot_cache)
+                elif self.current is None:
                     raise TnrecError("No model is loaded to apply a delta to.")
-                new = with_delta(self.current, path) if delta else load(path)  # type: ignore[arg-type]
+                else:
+                    new = with_delta(self.current, path)
             except TnrecError as e:
                 self.metrics.loads.labels("failed").inc()
                 self.last_error = f"{type(e).__name__}: {e}"
