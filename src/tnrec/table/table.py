@@ -533,9 +533,7 @@ class SparseTable(RowAccess):
         starts = np.empty(index.REGIONS + 1, np.int64)
         index.group_by_region(keys, slots.shape[0] - 1, shift, order, starts)
         deferred = np.zeros(n, np.bool_)
-        k = min(threads.get_num_threads(), index.REGIONS) if n >= threads.MIN_SLICE else 1
-        step = -(-index.REGIONS // k)
-        parts = [(r, min(r + step, index.REGIONS)) for r in range(0, index.REGIONS, step)]
+        parts = _region_parts(starts, threads.get_num_threads() if n >= threads.MIN_SLICE else 1)
         dups = sum(
             threads.run(
                 parts,
@@ -810,3 +808,19 @@ class SparseTable(RowAccess):
         capacity.bucket_counts(k[found >= 0], self._bucket_rows, -1)
         self._count -= deleted
         return int(deleted)
+
+
+def _region_parts(starts: npt.NDArray[np.int64], k: int) -> list[tuple[int, int]]:
+    """Cut the index's regions into at most ``k`` runs of about equal keys (``starts[r]``: the
+    first key of region ``r``), leaving out runs without keys. Keys in bucket order (a load)
+    fall in one or two regions: they are inserted in the calling thread, not handed to the
+    table's threads, which the load's row writes are using."""
+    n = int(starts[-1])
+    cuts = [0]
+    for j in range(1, k):
+        r = int(np.searchsorted(starts, j * n // k, side="left"))
+        if cuts[-1] < r < index.REGIONS:
+            cuts.append(r)
+    cuts.append(index.REGIONS)
+    runs = [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if starts[b] > starts[a]]
+    return runs or [(0, 1)]
