@@ -15,6 +15,7 @@ from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable, bucket_of, files,
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     monkeypatch.setattr(stream, "CHUNK_BYTES", 4096)  # many chunks even for small tables
+    monkeypatch.setattr(stream, "LOAD_CHUNK_BYTES", 4096)
 
 
 def trained(opt, n=20_000, dim=3):
