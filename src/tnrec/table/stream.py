@@ -31,7 +31,7 @@ import hashlib
 import io
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -378,7 +378,7 @@ def read_rows(
     that ``keep`` accepts into ``table``; return how many were inserted and the seconds spent
     inserting keys into the index (reserving it included).
 
-    A reader thread reads chunk ``i + 1`` while chunk ``i``'s keys go into the
+    Four reader threads read chunk ``i + 1`` while chunk ``i``'s keys go into the
     index and chunk ``i - 1``'s records into their rows (on another thread), and
     two more threads hash the chunks already read.
     """
@@ -410,16 +410,15 @@ def read_rows(
         done = 0
         writing: Future[None] | None = None
         with (
-            ThreadPoolExecutor(1, thread_name_prefix="tnrec-load") as pool,
             ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="tnrec-read") as io,
             ThreadPoolExecutor(1, thread_name_prefix="tnrec-rows") as writer,
         ):
-            ahead = pool.submit(_read_chunk, io, readers, *chunks[0]) if chunks else None
+            ahead = _read_chunk(io, readers, *chunks[0]) if chunks else {}
             t0 = time.perf_counter()  # the first chunk is read while the room is made
             table.reserve(sum(b - a for a, b in spans))
             index_s = time.perf_counter() - t0
             for i in range(len(chunks)):
-                blocks = ahead.result()  # type: ignore[union-attr]
+                blocks = {name: f.result() for name, f in ahead.items()}
                 if hashers is not None:
                     hashed.append(hashers.submit(blocks))
                 if i + 1 < len(chunks):
@@ -427,7 +426,7 @@ def read_rows(
                     if hashed and i + 1 >= _DEPTH:
                         for fut in hashed[i + 1 - _DEPTH]:
                             fut.result()
-                    ahead = pool.submit(_read_chunk, io, readers, *chunks[i + 1])
+                    ahead = _read_chunk(io, readers, *chunks[i + 1])
                 keys = blocks["keys"][:, 0]
                 parts = [(c.start, blocks[c.name]) for c in cols]
                 sel = keep(keys) if keep is not None else None
@@ -459,13 +458,11 @@ def read_rows(
 
 def _read_chunk(
     io: ThreadPoolExecutor, readers: dict[str, _Reader], a: int, b: int
-) -> dict[str, np.ndarray]:
-    """Read rows ``[a, b)`` of every file, the files at once on ``io``'s threads (the disk
-    serves several requests in flight faster than one after another, most of all the
-    narrow columns' megabyte reads): ``{name: block[b - a, width]}``."""
-    futures = {name: io.submit(r.read, a, b) for name, r in readers.items()}
-    wait(futures.values())
-    return {name: f.result() for name, f in futures.items()}
+) -> dict[str, Future[np.ndarray]]:
+    """Start reading rows ``[a, b)`` of every file, the files at once on ``io``'s threads (the
+    disk serves several requests in flight faster than one after another, most of all the
+    narrow columns' megabyte reads): ``{name: future of block[b - a, width]}``."""
+    return {name: io.submit(r.read, a, b) for name, r in readers.items()}
 
 
 def bucket_ranges(
