@@ -144,14 +144,6 @@ class RowAccess:
             rws[absent] = self._insert(keys[absent], initialise=False)
         return rws
 
-    def write_column(self, rws: npt.NDArray[np.int32], start: int, block: np.ndarray) -> None:
-        """Write ``block[n, w]`` (4-byte values, any dtype) into slots ``start:start+w`` of
-        rows ``rws`` (from :meth:`rows_for`)."""
-        if block.dtype.itemsize != 4 or block.ndim != 2 or block.shape[0] != rws.shape[0]:
-            raise RuntimeError("internal error: write_column got a block of the wrong shape")
-        st = self._store
-        rows.scatter_column(*st.loc, rws, start, np.ascontiguousarray(block).view(np.float32))
-
     def write_blocks(
         self, rws: npt.NDArray[np.int32], blocks: list[tuple[int, np.ndarray]]
     ) -> None:

@@ -243,8 +243,8 @@ def test_write_blocks_equals_one_column_at_a_time():
     ra = a.rows_for(keys, new=True)
     rb = b.rows_for(keys, new=True)
     a.write_blocks(ra, blocks)
-    for start, block in blocks:
-        b.write_column(rb, start, block)
+    for start, block in blocks:  # one block a call
+        b.write_blocks(rb, [(start, block)])
     for name, arr in a.rows().items():
         np.testing.assert_array_equal(arr, b.rows()[name], err_msg=name)
     with pytest.raises(RuntimeError, match="wrong shape"):
