@@ -12,16 +12,12 @@ has not been run on a GPU.
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import torch
 
-from tnrec import _fileio
-from tnrec.errors import CheckpointError
-from tnrec.export.dictionary import check_present
 from tnrec.layers.device import to_device
-from tnrec.serving.graph import load_graph
+from tnrec.serving.graph import load_graph, load_program
 
 
 def load_graph_on(fname: str, device: torch.device) -> Any:
@@ -38,17 +34,7 @@ def load_graph_on(fname: str, device: torch.device) -> Any:
         return load_graph(fname)
     from torch.export.passes import move_to_device_pass
 
-    check_present(fname)
-    try:
-        if _fileio.is_remote(fname):
-            program = torch.export.load(io.BytesIO(_fileio.read_bytes(fname)))
-        else:
-            program = torch.export.load(fname)
-    except Exception as e:  # torch raises many types on a damaged archive; name the file
-        raise CheckpointError(
-            f"Export file {fname} is damaged (torch.export.load fails: {e}); write the export anew."
-        ) from None
-    return move_to_device_pass(program, device).module()
+    return move_to_device_pass(load_program(fname), device).module()
 
 
 def inputs_to(args: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:

@@ -15,11 +15,20 @@ from tnrec.export.dictionary import check_present
 
 def load_graph(fname: str) -> Any:
     """The ``torch.export`` program of ``fname`` as a module (a damaged file named)."""
+    return load_program(fname).module()
+
+
+def load_program(fname: str) -> Any:
+    """The ``torch.export`` program of ``fname`` (local or remote; a damaged file named).
+
+    Raises:
+        CheckpointError: the file is missing or damaged.
+    """
     check_present(fname)
     try:
         if _fileio.is_remote(fname):
-            return torch.export.load(io.BytesIO(_fileio.read_bytes(fname))).module()
-        return torch.export.load(fname).module()
+            return torch.export.load(io.BytesIO(_fileio.read_bytes(fname)))
+        return torch.export.load(fname)
     except Exception as e:  # torch raises many types on a damaged archive; name the file
         raise CheckpointError(
             f"Export file {fname} is damaged (torch.export.load fails: {e}); write the export anew."
