@@ -17,9 +17,8 @@ The index is laid out by bucket: with ``h = mix64(key)``, a key's bucket is
 live in one contiguous 1/1024th of the index. A checkpoint stores its rows
 bucket after bucket, so a load inserts into a region of a few megabytes at a
 time instead of touching a new cache line (and page) of the whole index for
-every key; that is four times fewer cycles a key. Lookups of a training batch
-are as random as before. An index smaller than 1024 slots (the batch-local
-hash sets) uses ``h % C``.
+every key. Lookups of a training batch are as random as before. An index
+smaller than 1024 slots (the batch-local hash sets) uses ``h % C``.
 Deletion uses backward shift (Knuth's algorithm R), so there are no tombstones
 and probe sequences never grow from deletes. The index is kept at most 3/4
 full; growing rebuilds only this array (12 bytes a slot), never the rows.
