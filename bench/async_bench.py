@@ -26,6 +26,12 @@ Runs, per W in ``--worlds``:
 
 * ``sync`` (``PsStrategy(mode="sync")``) and ``async`` at each ``k`` in
   ``--staleness`` (``PsStrategy(mode="async", staleness=k)``);
+* ``sync, equal updates``: sync mode with ``--batch / W`` rows per worker, so
+  each of its steps is one update from ``--batch`` rows, as each async step
+  is (the optimizers set for ``--batch``). By the W = 1 contract it trains
+  what one worker trains at ``--batch``: async's sequence of updates without
+  stale reads. ``ΔAUC (eq)`` is async's AUC against it, ``ΔAUC`` against
+  ``sync``;
 * the same with a straggler: the last rank sleeps X ms after each of its steps
   (a ``tn.callbacks.Callback``), X = 0.5x and 2x the sync step time measured
   in this W's sync run without a straggler;
@@ -46,8 +52,9 @@ busy machine, ``--strict`` refuses the figures instead.
 
 Targets (issue 21), printed as PASS/MISS lines: with the 2x straggler, async's
 samples/s (others) >= 1.6x sync's; next-day AUC within 0.003 of sync's at
-k <= 4. On 2 cores, W = 4 runs 4 workers on 2 cores: a worker that sleeps or
-has finished leaves its core to the others, in both modes.
+k <= 4, against both sync baselines. On 2 cores, W = 4 runs 4 workers on 2
+cores: a worker that sleeps or has finished leaves its core to the others, in
+both modes.
 """
 
 from __future__ import annotations
@@ -119,7 +126,7 @@ def worker(args: argparse.Namespace) -> None:
     strategy = tn.distribute.PsStrategy(timeout_s=300, mode=args.mode, staleness=args.k)
     rank, world = strategy.rank, strategy.world_size
     cols = tn.data.criteo_columns()
-    sparse_opt, dense_opt = _optimizers(args.batch)
+    sparse_opt, dense_opt = _optimizers(args.opt_batch or args.batch)
     torch.manual_seed(0)
     model = DeepFM(
         cols,
@@ -155,6 +162,8 @@ def worker(args: argparse.Namespace) -> None:
             "k": args.k if model.ps.asynchronous else 0,
             "asynchronous": bool(model.ps.asynchronous),
             "sleep_ms": args.sleep_ms,
+            "batch": args.batch,
+            "equal_updates": args.opt_batch not in (0, args.batch),
             "workers": [dict(zip(FIELDS, map(float, row), strict=True)) for row in gathered],
             "auc": float(ev["auc_exact"]),
             "loss": float(ev["loss"]),
@@ -213,6 +222,7 @@ def launch(
     test: list[str],
     tmp: str,
     tag: str,
+    batch: int | None = None,
 ) -> dict:
     """Run one configuration on ``world`` workers; return rank 0's JSON and the machine state.
 
@@ -231,6 +241,8 @@ def launch(
         "--sleep-ms",
         f"{sleep_ms:.3f}",
         "--batch",
+        str(batch or a.batch),
+        "--opt-batch",
         str(a.batch),
         "--hidden",
         *map(str, a.hidden),
@@ -293,7 +305,9 @@ def figures(r: dict) -> dict:
 
 
 def _config(r: dict) -> str:
-    return "sync" if r["mode"] == "sync" else f"async k={r['k']}"
+    if r["mode"] == "sync":
+        return "sync, equal updates" if r.get("equal_updates") else "sync"
+    return f"async k={r['k']}"
 
 
 def _machine_cell(st: MachineState | None) -> str:
@@ -302,71 +316,81 @@ def _machine_cell(st: MachineState | None) -> str:
     return f"{st.other_cores:.2f}{mark(st)} / {st.load1_before:.2f}-{st.load1_after:.2f}"
 
 
-def print_tables(a: argparse.Namespace, runs: list[dict], uneven: list[dict], meta: dict) -> bool:
-    """Print both tables and the target lines; return whether every target passed."""
-    print(
-        f"\nDeepFM dim {DIM}, MLP {'-'.join(map(str, a.hidden))}, batch {a.batch} per worker, "
-        f"synthetic Criteo schema: day 1 {a.rows:,} rows (train, 1 epoch), day 2 {a.rows:,} rows "
-        f"(next-day AUC; optimal {meta['optimal_auc']:.4f}); 1 thread per worker, "
-        f"{os.cpu_count()} CPUs, load average now {os.getloadavg()[0]:.2f}"
-    )
-    print(
-        "others = cores other processes kept busy during the run, then the 1-minute load "
-        "average before-after; * = busy machine\n"
-    )
-    print(
-        "| config | W | k | straggler ms | samples/s (others) | samples/s (all) | ratio vs sync "
-        "| next-day AUC | ΔAUC vs sync | max_outstanding | machine (other cores / load) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+def _bases(runs: list[dict]) -> tuple[dict[tuple[int, float], dict], dict[int, dict]]:
+    """Sync runs by (W, straggler ms), and the equal-updates sync run by W."""
     base: dict[tuple[int, float], dict] = {}
+    eq: dict[int, dict] = {}
     for r in runs:
         if r["mode"] == "sync" and "error" not in r:
-            base[(r["world"], r["sleep_ms"])] = r
+            if r.get("equal_updates"):
+                eq[r["world"]] = r
+            else:
+                base[(r["world"], r["sleep_ms"])] = r
+    return base, eq
+
+
+def _print_runs(runs: list[dict]) -> None:
+    print(
+        "| config | W | k | batch per worker | straggler ms | samples/s (others) "
+        "| samples/s (all) | ratio vs sync | next-day AUC | ΔAUC vs sync | ΔAUC (eq) "
+        "| max_outstanding | machine (other cores / load) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    base, eq = _bases(runs)
     for r in runs:
         cfg = _config(r)
         k = r["k"] if r["mode"] != "sync" else 0
         if "error" in r:
             print(
-                f"| {cfg} | {r['world']} | {k} | {r['sleep_ms']:.1f} | FAILED: {r['error']} "
-                "| | | | | | |"
+                f"| {cfg} | {r['world']} | {k} | | {r['sleep_ms']:.1f} | FAILED: {r['error']} "
+                "| | | | | | | |"
             )
             continue
         f, s = r["fig"], base.get((r["world"], r["sleep_ms"]))
-        ratio = f"{f['others_sps'] / s['fig']['others_sps']:.2f}x" if s else "-"
-        dauc = f"{r['auc'] - s['auc']:+.4f}" if s else "-"
+        e = eq.get(r["world"])
+        same = r.get("equal_updates") or s is None or s is r
+        ratio = f"{f['others_sps'] / s['fig']['others_sps']:.2f}x" if not same else "-"
+        dauc = f"{r['auc'] - s['auc']:+.4f}" if s and s is not r else "-"
+        deq = f"{r['auc'] - e['auc']:+.4f}" if e and e is not r else "-"
         mo = str(f["max_outstanding"]) if r["asynchronous"] else "-"
         print(
-            f"| {cfg} | {r['world']} | {k} | {r['sleep_ms']:.1f} | {f['others_sps']:,.0f} "
-            f"| {f['all_sps']:,.0f} | {ratio} | {r['auc']:.4f} | {dauc} | {mo} "
-            f"| {_machine_cell(r.get('machine'))} |"
+            f"| {cfg} | {r['world']} | {k} | {r.get('batch', '')} | {r['sleep_ms']:.1f} "
+            f"| {f['others_sps']:,.0f} | {f['all_sps']:,.0f} | {ratio} | {r['auc']:.4f} "
+            f"| {dauc} | {deq} | {mo} | {_machine_cell(r.get('machine'))} |"
         )
-    if uneven:
+
+
+def _print_uneven(uneven: list[dict]) -> None:
+    print(
+        "\nUneven data: rank 0 reads 3x the rows of each other rank; epoch = the longest "
+        "fit (wall s); rank 0 / others = their train times (s)\n"
+    )
+    print(
+        "| config | W | k | rows (rank 0 / other) | epoch s | rank 0 train s "
+        "| others train s | epoch vs sync | next-day AUC | machine (other cores / load) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    ubase = {r["world"]: r for r in uneven if r["mode"] == "sync" and "error" not in r}
+    for r in uneven:
+        cfg, k = _config(r), (r["k"] if r["mode"] != "sync" else 0)
+        if "error" in r:
+            print(f"| {cfg} | {r['world']} | {k} | FAILED: {r['error']} | | | | | | |")
+            continue
+        ws, f = r["workers"], r["fig"]
+        s = ubase.get(r["world"])
+        vs = f"{f['epoch_s'] / s['fig']['epoch_s']:.2f}x" if s else "-"
+        rest = max(w["train_s"] for w in ws[1:])
         print(
-            "\nUneven data: rank 0 reads 3x the rows of each other rank; epoch = the longest "
-            "fit (wall s); rank 0 / others = their train times (s)\n"
+            f"| {cfg} | {r['world']} | {k} | {ws[0]['rows']:,.0f} / {ws[1]['rows']:,.0f} "
+            f"| {f['epoch_s']:.2f} | {ws[0]['train_s']:.2f} | {rest:.2f} | {vs} "
+            f"| {r['auc']:.4f} | {_machine_cell(r.get('machine'))} |"
         )
-        print(
-            "| config | W | k | rows (rank 0 / other) | epoch s | rank 0 train s "
-            "| others train s | epoch vs sync | next-day AUC | machine (other cores / load) |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        ubase = {r["world"]: r for r in uneven if r["mode"] == "sync" and "error" not in r}
-        for r in uneven:
-            cfg, k = _config(r), (r["k"] if r["mode"] != "sync" else 0)
-            if "error" in r:
-                print(f"| {cfg} | {r['world']} | {k} | FAILED: {r['error']} | | | | | | |")
-                continue
-            ws, f = r["workers"], r["fig"]
-            s = ubase.get(r["world"])
-            vs = f"{f['epoch_s'] / s['fig']['epoch_s']:.2f}x" if s else "-"
-            rest = max(w["train_s"] for w in ws[1:])
-            print(
-                f"| {cfg} | {r['world']} | {k} | {ws[0]['rows']:,.0f} / {ws[1]['rows']:,.0f} "
-                f"| {f['epoch_s']:.2f} | {ws[0]['train_s']:.2f} | {rest:.2f} | {vs} "
-                f"| {r['auc']:.4f} | {_machine_cell(r.get('machine'))} |"
-            )
-    print()
+
+
+def target_lines(runs: list[dict]) -> tuple[list[str], bool]:
+    """The PASS/MISS lines of the straggler and AUC targets, and whether all passed."""
+    base, eq = _bases(runs)
+    lines: list[str] = []
     ok = True
     for r in runs:
         if r["mode"] == "sync" or "error" in r or r.get("straggler") != "2x":
@@ -377,7 +401,7 @@ def print_tables(a: argparse.Namespace, runs: list[dict], uneven: list[dict], me
         ratio = r["fig"]["others_sps"] / s["fig"]["others_sps"]
         good = ratio >= STRAGGLER_TARGET
         ok &= good
-        print(
+        lines.append(
             f"{'PASS' if good else 'MISS'} W={r['world']} k={r['k']} 2x straggler "
             f"({r['sleep_ms']:.1f} ms): async samples/s of the others {ratio:.2f}x sync's "
             f"(target >= {STRAGGLER_TARGET}x)"
@@ -385,19 +409,45 @@ def print_tables(a: argparse.Namespace, runs: list[dict], uneven: list[dict], me
     for r in runs:
         if r["mode"] == "sync" or "error" in r or r["k"] > 4:
             continue
-        s = base.get((r["world"], r["sleep_ms"]))
-        if s is None:
-            continue
-        d = r["auc"] - s["auc"]
-        good = abs(d) <= AUC_TOLERANCE
-        ok &= good
-        print(
-            f"{'PASS' if good else 'MISS'} W={r['world']} k={r['k']} straggler "
-            f"{r['sleep_ms']:.1f} ms: next-day AUC {r['auc']:.4f} vs sync {s['auc']:.4f} "
-            f"(Δ {d:+.4f}, target |Δ| <= {AUC_TOLERANCE})"
+        refs = (
+            ("sync", base.get((r["world"], r["sleep_ms"]))),
+            ("sync, equal updates", eq.get(r["world"])),
         )
-    failed = [r for r in runs + uneven if "error" in r]
-    for r in failed:
+        for name, s in refs:
+            if s is None:
+                continue
+            d = r["auc"] - s["auc"]
+            good = abs(d) <= AUC_TOLERANCE
+            ok &= good
+            lines.append(
+                f"{'PASS' if good else 'MISS'} W={r['world']} k={r['k']} straggler "
+                f"{r['sleep_ms']:.1f} ms: next-day AUC {r['auc']:.4f} vs {name} {s['auc']:.4f} "
+                f"(Δ {d:+.4f}, target |Δ| <= {AUC_TOLERANCE})"
+            )
+    return lines, ok
+
+
+def print_tables(a: argparse.Namespace, runs: list[dict], uneven: list[dict], meta: dict) -> bool:
+    """Print both tables and the target lines; return whether every target passed."""
+    print(
+        f"\nDeepFM dim {DIM}, MLP {'-'.join(map(str, a.hidden))}, batch {a.batch} per worker "
+        f"(equal updates: {a.batch} per step), synthetic Criteo schema: day 1 {a.rows:,} rows "
+        f"(train, 1 epoch), day 2 {a.rows:,} rows (next-day AUC; optimal "
+        f"{meta['optimal_auc']:.4f}); 1 thread per worker, {os.cpu_count()} CPUs, "
+        f"load average now {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        "others = cores other processes kept busy during the run, then the 1-minute load "
+        "average before-after; * = busy machine\n"
+    )
+    _print_runs(runs)
+    if uneven:
+        _print_uneven(uneven)
+    print()
+    lines, ok = target_lines(runs)
+    for line in lines:
+        print(line)
+    for r in [r for r in runs + uneven if "error" in r]:
         ok = False
         print(f"FAILED {_config(r)} W={r['world']} straggler {r['sleep_ms']:.1f} ms: {r['error']}")
     return ok
@@ -424,6 +474,7 @@ def main() -> None:
     for flag in ("--mode", "--train", "--test", "--out"):
         p.add_argument(flag, default="", help=argparse.SUPPRESS)
     p.add_argument("--k", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--opt-batch", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--sleep-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -436,6 +487,8 @@ def main() -> None:
     a.uneven_k = a.uneven_k or [4]
     if any(w < 2 for w in a.worlds) or any(k < 1 for k in a.staleness + a.uneven_k):
         raise SystemExit("--worlds must be >= 2 and --staleness >= 1 (k = 0 is sync mode)")
+    if any(a.batch % w for w in a.worlds):
+        raise SystemExit(f"--batch {a.batch} must be a multiple of every W in --worlds")
     t_start = time.perf_counter()
     runs: list[dict] = []
     uneven: list[dict] = []
@@ -451,9 +504,10 @@ def main() -> None:
             straggler: str,
             train: list[str],
             into: list[dict],
+            batch: int | None = None,
         ) -> dict:
             tag = f"w{world}-{mode}-k{k}-s{straggler}-{len(runs) + len(uneven)}"
-            r = launch(a, world, mode, k, sleep_ms, train, data["test"], tmp, tag)
+            r = launch(a, world, mode, k, sleep_ms, train, data["test"], tmp, tag, batch)
             r["straggler"] = straggler
             if "error" not in r:
                 r["fig"] = figures(r)
@@ -470,6 +524,7 @@ def main() -> None:
 
         for world in a.worlds:
             base = run(world, "sync", 0, 0.0, "none", data["train"], runs)
+            run(world, "sync", 0, 0.0, "none", data["train"], runs, a.batch // world)
             for k in a.staleness:
                 run(world, "async", k, 0.0, "none", data["train"], runs)
             if "error" not in base:
