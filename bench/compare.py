@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -59,7 +58,7 @@ from compare_data import B, deepfm_data
 from compare_impls import IMPLS
 from compare_report import machine_runs, report
 from compare_run import run_one
-from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, cpu_line
 
 
 def _has_torchrec() -> str | None:
@@ -186,7 +185,7 @@ def main() -> int:
     import torch
 
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+        f"machine: {cpu_line()}, {os.cpu_count()} CPUs; "
         f"load average {whole.state.load1_before:.2f} before the benchmark, "
         f"{whole.state.load1_after:.2f} after, others {whole.state.other_cores:.2f} cores "
         "over it; "

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, cpu_line, mark
 
 CONFIGS = ("tnrec", "tnrec-nopipe", "torchrec")
 
@@ -234,7 +234,7 @@ def main() -> int:
                           file=sys.stderr, flush=True)  # fmt: skip
     notes = check_runs(runs, a.strict)
     print(
-        f"machine: {os.cpu_count()} CPUs; load average {load_before:.2f} before, "
+        f"machine: {cpu_line()}, {os.cpu_count()} CPUs; load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after; {a.steps} steps of 4096 an epoch, {a.repeats} repeats"
     )
     print("\n".join(report(results)))

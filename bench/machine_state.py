@@ -255,3 +255,38 @@ def check_runs(runs: Iterable[tuple[str, MachineState | None]], strict: bool) ->
         "measures the neighbours too; --strict refuses it):"
     )
     return [head, *lines]
+
+
+# The vector extensions that decide which kernels fbgemm (TorchRec), torch and LLVM (numba)
+# pick on x86: the same benchmark on two hosts of one cloud CPU name can differ in these.
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
+def cpu_line(cpuinfo: str | None = None) -> str:
+    """``"AMD EPYC; avx2 fma, no avx512f ..."``: the CPU's model name and its SIMD flags.
+
+    Reads ``/proc/cpuinfo`` unless ``cpuinfo`` (its text) is given; ``"unknown CPU"``
+    where it cannot be read.
+
+    Example:
+        >>> cpu_line("model name\\t: Demo CPU\\nflags\\t\\t: fpu avx2 fma\\n")
+        'Demo CPU; avx2 fma; no avx512f avx512bw avx512_vnni avx512_bf16 amx_tile'
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return "unknown CPU"
+    name, flags = "unknown CPU", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and name == "unknown CPU":
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    have = [f for f in SIMD_FLAGS if f in flags]
+    lack = [f for f in SIMD_FLAGS if f not in flags]
+    return f"{name}; {' '.join(have) or 'no SIMD flags listed'}" + (
+        f"; no {' '.join(lack)}" if lack else ""
+    )

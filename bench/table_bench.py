@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, mark
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, cpu_line, mark
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 MAX_DIM_100M = 16
@@ -322,18 +322,14 @@ def machine_info() -> dict[str, Any]:
 
     The parent stays small: a child's peak RSS must not start from the parent's.
     """
-    cpu, mem_kib = platform.processor(), 0
+    mem_kib = 0
     try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
         with open("/proc/meminfo") as f:
             mem_kib = int(f.readline().split()[1])
     except OSError:
         pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_line(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "memory_gib": round(mem_kib / 2**20, 1),
         "python": platform.python_version(),

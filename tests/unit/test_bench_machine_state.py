@@ -243,3 +243,11 @@ def test_compare_report_marks_the_row_with_a_busy_run():
     assert rows["tnrec"].endswith("0.05   1.4")  # median others, highest load
     assert "900.0 (900.0-900.0)*" in rows["plain"]
     assert "  micro plain r0: 0.900 M samples/s [load 0.30/1.40, others 0.70 cores, busy]" in text
+
+
+def test_cpu_line_names_the_model_and_the_simd_flags_present_and_absent():
+    text = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 fma avx512f\n"
+    line = ms.cpu_line(text + text.replace("avx512f", ""))  # the first CPU's lines count
+    assert line == "Some CPU; avx2 fma avx512f; no avx512bw avx512_vnni avx512_bf16 amx_tile"
+    assert ms.cpu_line("") == "unknown CPU; no SIMD flags listed; no " + " ".join(ms.SIMD_FLAGS)
+    assert ms.cpu_line().split(";")[0]  # this machine's /proc/cpuinfo, or "unknown CPU"
