@@ -40,7 +40,7 @@ from tnrec.layers.device import check_device, to_host
 from tnrec.layers.pooling import bag_scales, pool_rows, sequence_positions
 from tnrec.losses import PREDICTIONS
 from tnrec.serving.device import inputs_to, load_graph_on
-from tnrec.serving.fast import _fast_inputs, _fast_plan
+from tnrec.serving.fast import _fast_inputs, _fast_plan, grid_rows
 from tnrec.serving.plans import (
     _batch_bags,
     _grid_bags,
@@ -469,18 +469,7 @@ class Predictor:
             B, dense = batch.size, batch.dense
             if B == 0:
                 return self._empty()
-        # Tables over the same columns (a deep and a wide table) share their bags.
-        bags: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        values: dict[int, Any] = {}
-        found: dict[Any, Any] = {}
-        for tname, plan in self._tables.items():
-            if plan.columns not in bags:
-                if fast is not None:
-                    keys, offsets = _grid_bags(grid_keys, grid_present, plan.grid)
-                else:
-                    keys, offsets = _batch_bags(batch, plan.columns)
-                bags[plan.columns] = (*_virtual_ids(keys), offsets)
-            self._table_values(tname, plan, *bags[plan.columns], B, values, found)
+        values = self._values(fast[1:3] if fast is not None else batch, B)
         args: list[torch.Tensor] = []
         for i in range(len(self.inputs)):
             v = values[i]
@@ -491,6 +480,31 @@ class Predictor:
         for head, output in zip(self.heads, outs, strict=True):
             result[head["name"]] = PREDICTIONS[head["prediction"]](to_host(output)).numpy()
         return result[""] if list(result) == [""] else result
+
+    def _values(self, rows: Any, B: int) -> dict[int, Any]:
+        """The graph input of every table's input, from the fast path's key grid
+        (``(keys[S, B], present[S, B])``) or a :class:`~tnrec.data.batch.Batch`."""
+        values: dict[int, Any] = {}
+        found: dict[Any, Any] = {}  # the call's memo of key positions (see :meth:`_lookup`)
+        bags: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        grid = isinstance(rows, tuple)
+        for tname, plan in self._tables.items():
+            if grid and self.num_shards == 1 and plan.single:
+                shard = self.dictionaries[tname][0]
+                index = self._key_index(tname, 0, shard[0])
+                out = grid_rows(shard, index, rows, plan.grid, found)  # [C*B, D]
+                for n, i in enumerate(plan.inputs):
+                    values[i] = torch.from_numpy(out[n * B : (n + 1) * B])
+                continue
+            if plan.columns not in bags:  # a deep and a wide table over them share their bags
+                keys, offsets = (
+                    _grid_bags(rows[0], rows[1], plan.grid)
+                    if grid
+                    else _batch_bags(rows, plan.columns)
+                )
+                bags[plan.columns] = (*_virtual_ids(keys), offsets)
+            self._table_values(tname, plan, *bags[plan.columns], B, values, found)
+        return values
 
     def _table_values(
         self,

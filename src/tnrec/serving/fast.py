@@ -14,6 +14,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from tnrec._hashing import mix64_scalar
+from tnrec.export.dictionary import find_rows, take_rows
 from tnrec.feature_column import (
     CategoryColumn,
     NumericColumn,
@@ -128,6 +129,42 @@ def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None
         )
     dense = _fast_dense(plan, nums, B, row_major)
     return None if dense is None else (B, keys.view(np.int64), present, dense)
+
+
+def grid_rows(
+    dictionary: tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]],
+    index: tuple[npt.NDArray[np.int64], int],
+    grid: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]],
+    rows: slice | npt.NDArray[np.int64],
+    found: dict[Any, Any],
+) -> npt.NDArray[np.float32]:
+    """``out[C*B, D]``: the dictionary row of every key of grid rows ``rows`` (zeros: no key).
+
+    Single-valued columns pool to their one row (every combiner's factor for a
+    bag of one is 1, and an empty bag is zeros), so the fast path reads each
+    occurrence's row straight into the graph's input, without de-duplicating
+    the keys and pooling a temporary matrix: the same floats, bit for bit.
+    ``found`` memoizes the positions of a keys array over the same grid rows,
+    so a deep and a wide table sharing their keys find each key once.
+
+    Args:
+        dictionary: one shard's ``(keys int64[n], weights float32[n, D])``, all keys.
+        index: ``key_index`` of those keys.
+        grid: the fast path's ``(keys int64[S, B], present bool[S, B])``.
+        rows: the table's columns' rows of the grid, in its inputs' order (C rows).
+        found: the call's memo of positions.
+    """
+    dict_keys, weights = dictionary
+    grid_keys, present = grid
+    memo = (id(dict_keys), id(rows) if isinstance(rows, np.ndarray) else "all")
+    pos = found.get(memo)
+    if pos is None:
+        pos = find_rows(dict_keys, index, grid_keys[rows].reshape(-1))  # [C*B]
+        pos[~present[rows].reshape(-1)] = -1
+        found[memo] = pos
+    out = np.empty((pos.shape[0], weights.shape[1]), np.float32)  # [C*B, D]
+    take_rows(weights, pos, np.arange(pos.shape[0]), out)
+    return out
 
 
 def _fast_dense(plan: _FastPlan, nums: pa.Array | None, B: int, row_major: bool) -> Any:

@@ -22,6 +22,12 @@ class _TablePlan:
     pooled: tuple[int, ...]  # positions (into ``inputs``) of the pooled columns
     combiner: str | None  # the pooled columns' combiner if they share one
 
+    @property
+    def single(self) -> bool:
+        """Whether every input pools its column (no sequence), so a single-valued batch can
+        read each key's row straight into the input (:func:`~tnrec.serving.fast.grid_rows`)."""
+        return len(self.pooled) == len(self.inputs)
+
 
 def _table_plan(inputs: list[dict[str, Any]], idx: list[int], grid: dict[str, int]) -> _TablePlan:
     pooled = tuple(k for k, i in enumerate(idx) if not inputs[i]["sequence"])

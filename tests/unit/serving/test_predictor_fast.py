@@ -279,3 +279,20 @@ def test_tables_with_the_same_keys_share_them_and_read_their_own_rows(fast, wide
         want[: keys.shape[0]] = np.asarray(weights)[::-1]
         assert not np.isin(queries[keys.shape[0] :], keys).any()  # unknown keys read as zeros
         np.testing.assert_array_equal(fast.lookup(table, queries), want)
+
+
+def test_single_valued_rows_of_one_shard_read_each_key_straight_into_the_input(fast, monkeypatch):
+    """The fast path pools no temporary matrix: it neither de-duplicates nor pools keys."""
+    import tnrec.serving as serving
+
+    rows = features(wide_rows(300, 9, unseen=True))
+    want = general(fast).predict(rows)
+
+    def refuse(*args):
+        raise AssertionError("the fast path de-duplicated and pooled its keys")
+
+    monkeypatch.setattr(serving, "_virtual_ids", refuse)
+    monkeypatch.setattr(serving, "pool_rows", refuse)
+    np.testing.assert_array_equal(fast.predict(rows), want)
+    with pytest.raises(AssertionError, match="de-duplicated"):
+        general(fast).predict(rows)  # the general path pools
