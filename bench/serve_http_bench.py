@@ -411,6 +411,12 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=16, help="embedding dimension (default 16)")
     p.add_argument("--max-wait-ms", help="passed to tnrec serve (default: its own)")
     p.add_argument("--max-batch", help="passed to tnrec serve (default: its own)")
+    p.add_argument("--inline-rows", help="passed to tnrec serve (default: its own)")
+    p.add_argument(
+        "--aot",
+        action="store_true",
+        help="tnrec serve --aot: the dense graph compiled ahead of time (cached under --work)",
+    )
     args = p.parse_args()
     q = args.quick
     args.rates = [float(r) for r in (args.rates or ("500" if q else "200,500,1000")).split(",")]
@@ -421,8 +427,14 @@ def _args() -> argparse.Namespace:
     args.reloads = args.reloads if args.reloads is not None else (2 if q else 5)
     args.reload_every_s = 1.2 if q else 2.0
     args.rows_per_day = args.rows_per_day or (20_000 if q else 150_000)
-    flags = (("--max-wait-ms", args.max_wait_ms), ("--max-batch", args.max_batch))
+    flags = (
+        ("--max-wait-ms", args.max_wait_ms),
+        ("--max-batch", args.max_batch),
+        ("--inline-rows", args.inline_rows),
+    )
     args.serve_flags = [f"{k}={v}" for k, v in flags if v is not None]
+    if args.aot:
+        args.serve_flags.append("--aot")
     return args
 
 

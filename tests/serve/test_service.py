@@ -347,3 +347,13 @@ def test_aot_serves_the_compiled_graph_and_says_so(exports, aot_cache, tmp_path)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     with start_server(exports["a"]) as s:  # without --aot: the exported program
         assert s.get("/readyz").json()["graph"] == "exported"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--inline-rows", "-1"), ("--max-wait-ms", "-0.5"), ("--max-batch", "0")],
+    ids=["inline-rows", "max-wait-ms", "max-batch"],
+)
+def test_serve_refuses_a_negative_batching_flag_by_name(exports, capsys, flag, value):
+    assert main(["serve", exports["a"], flag, value]) == 2
+    assert f"argument {flag}: must be" in capsys.readouterr().err

@@ -108,6 +108,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="how long a batch waits for more requests (>= 0; 0: it takes what queued meanwhile)",
     )
     v.add_argument(
+        "--inline-rows",
+        type=number_arg(int, 0),
+        default=16,
+        help="a batch of at most this many rows runs on the event loop, not the predict thread "
+        "(>= 0; 0: every batch on the thread)",
+    )
+    v.add_argument(
         "--max-rows", type=positive_int, default=10_000, help="rows a request may hold (>= 1)"
     )
     v.add_argument("--watch", metavar="DIR", help="serve the export DIR/_latest names, reloading")
@@ -234,6 +241,7 @@ def serve(args: argparse.Namespace) -> None:
         export=_fileio.absolute(args.export),
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
+        inline_rows=args.inline_rows,
         max_rows=args.max_rows,
         watch=_fileio.absolute(args.watch) if args.watch else None,
         threads=args.threads,

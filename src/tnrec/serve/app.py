@@ -38,6 +38,7 @@ class Settings:
     export: str
     max_batch: int = 256
     max_wait_ms: float = 0.0
+    inline_rows: int = 16  # a batch of at most this many rows runs on the event loop
     max_rows: int = 10_000
     watch: str | None = None  # a directory whose _latest names the export to serve
     state_dir: str | None = None  # shared by the workers of one service (several workers)
@@ -230,7 +231,7 @@ class Service:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         s = self.settings
         await asyncio.to_thread(self.slot.reload, s.export)
-        self.batcher = Batcher(self.slot, self.metrics, s.max_batch, s.max_wait_ms)
+        self.batcher = Batcher(self.slot, self.metrics, s.max_batch, s.max_wait_ms, s.inline_rows)
         tasks = [asyncio.create_task(self.batcher.run())]
         if s.state_dir is not None or s.watch is not None:
             tasks.append(asyncio.create_task(self.watch()))

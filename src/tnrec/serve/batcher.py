@@ -5,7 +5,14 @@ already waiting and those arriving within ``max_wait_ms``, up to ``max_batch``
 rows, and runs them as one :meth:`Predictor.predict` call on a thread of its
 own. The event loop keeps accepting requests meanwhile, so under load the
 next batch fills while this one runs: with ``max_wait_ms = 0`` (the default)
-batches adapt to the load and a lone request never waits. A positive wait
+batches adapt to the load and a lone request never waits. A batch of at most
+``inline_rows`` rows (16 by default) runs on the event loop instead: such a
+call takes about a millisecond, little more than the hand-off to the thread
+and back, and the two threads taking turns at the interpreter lock cost more
+again; measured at 500 requests/s of batch 1 on 2 cores (DeepFM, AOT graph),
+the service's time a request fell from 1.17 to 0.88 ms and the p99 answer
+from 4.7 to 3.8 ms. Requests arriving meanwhile queue up and merge into the
+next batch. A positive wait
 merges more at light load, for at most that much added latency; measured at
 500 requests/s of batch 1 on 2 cores, 2 ms of it raised the median answer
 from 1.8 to 4.3 ms. A request larger than ``max_batch``
@@ -57,11 +64,19 @@ class NoModel(TnrecError):
 class Batcher:
     """Merges queued requests into Predictor calls on one thread (see the module docstring)."""
 
-    def __init__(self, slot: ModelSlot, metrics: Metrics, max_batch: int, max_wait_ms: float):
+    def __init__(
+        self,
+        slot: ModelSlot,
+        metrics: Metrics,
+        max_batch: int,
+        max_wait_ms: float,
+        inline_rows: int = 16,
+    ) -> None:
         self.slot = slot
         self.metrics = metrics
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
+        self.inline_rows = inline_rows
         self.queue: asyncio.Queue[Request] = asyncio.Queue()
         self._carry: Request | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tnrec-predict")
@@ -86,7 +101,10 @@ class Batcher:
             rows = sum(r.n for r in batch)
             self.metrics.queue_rows.dec(rows)
             loaded = self.slot.current  # the whole batch is answered by this version
-            await loop.run_in_executor(self._executor, self._run, loaded, batch, loop)
+            if rows <= self.inline_rows:
+                self._run(loaded, batch, loop)
+            else:
+                await loop.run_in_executor(self._executor, self._run, loaded, batch, loop)
 
     async def _next_batch(self) -> list[Request]:
         first = self._carry if self._carry is not None else await self.queue.get()
