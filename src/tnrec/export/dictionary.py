@@ -281,15 +281,21 @@ def _find_rows(
 def _take_rows(
     weights: np.ndarray, pos: np.ndarray, dest: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    D = weights.shape[1]
     for i in range(pos.shape[0]):
-        o, at = dest[i], pos[i]
-        if at >= 0:
-            for d in range(D):
-                out[o, d] = weights[at, d]
-        else:
-            for d in range(D):
-                out[o, d] = 0.0
+        take_one(weights, pos[i], out, dest[i])
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def take_one(
+    weights: np.ndarray, at: int, out: np.ndarray, o: int
+) -> None:  # pragma: no cover - compiled
+    """``out[o] = weights[at]``, zeros when ``at < 0`` (no such key)."""
+    if at >= 0:
+        for d in range(weights.shape[1]):
+            out[o, d] = weights[at, d]
+    else:
+        for d in range(weights.shape[1]):
+            out[o, d] = 0.0
 
 
 def find_rows(

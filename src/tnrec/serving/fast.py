@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from tnrec._hashing import mix64_scalar
-from tnrec.export.dictionary import _SIGN
+from tnrec.export.dictionary import _SIGN, take_one
 from tnrec.feature_column import (
     CategoryColumn,
     NumericColumn,
@@ -202,6 +202,8 @@ def _find_grid(
         if not given[i]:
             pos[i] = -1
             continue
+        # the search of export.dictionary's _find_rows, written out: called as an inlined
+        # helper it took 0.6 ms instead of 0.45-0.5 for a 1024-row call
         k = keys[i]
         p = (np.uint64(k) ^ _SIGN) >> np.uint64(shift)
         lo, hi = starts[p], starts[p + 1]
@@ -225,13 +227,7 @@ def _take_grid(weights: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:  
             a = w_addr + pos[i + _AHEAD] * row_bytes
             _prefetch_r(a)
             _prefetch_r(a + row_bytes - 1)
-        at = pos[i]
-        if at >= 0:
-            for d in range(D):
-                out[i, d] = weights[at, d]
-        else:
-            for d in range(D):
-                out[i, d] = 0.0
+        take_one(weights, pos[i], out, i)
 
 
 def _fast_dense(plan: _FastPlan, nums: pa.Array | None, B: int, row_major: bool) -> Any:
