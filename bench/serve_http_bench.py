@@ -415,7 +415,7 @@ def _args() -> argparse.Namespace:
     p.add_argument(
         "--aot",
         action="store_true",
-        help="tnrec serve --aot: the dense graph compiled ahead of time (cached under --work)",
+        help="tnrec serve --aot: the dense graph compiled ahead of time (in ~/.cache/tnrec/aot)",
     )
     args = p.parse_args()
     q = args.quick

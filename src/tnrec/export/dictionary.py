@@ -26,6 +26,7 @@ from tnrec._hashing import bucket_of
 from tnrec.errors import ArgumentError, CheckpointError
 from tnrec.export.layout import shard_dir
 from tnrec.export.manifest import MANIFEST, read_manifest
+from tnrec.table._llvm import _prefetch_r
 
 
 def check_present(fname: str) -> None:
@@ -260,11 +261,28 @@ def key_index(keys: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], int]:
     return starts, 64 - bits
 
 
+# A batch's keys, unsorted, read the dictionary anywhere: each read is a cache
+# miss. The kernels start the reads of the key ``_AHEAD`` positions on while
+# they work on this one (for a search, the prefix-index entry two steps ahead,
+# then the keys it points to; for a copy, the row), so the misses of several
+# keys overlap instead of following one another.
+_AHEAD = 16
+
+
 @nb.njit(nogil=True, cache=True)
 def _find_rows(
     dict_keys: np.ndarray, starts: np.ndarray, shift: int, keys: np.ndarray, pos: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    s_addr, k_addr = starts.ctypes.data, dict_keys.ctypes.data
+    for i in range(n):
+        if i + 2 * _AHEAD < n:
+            _prefetch_r(
+                s_addr + ((np.uint64(keys[i + 2 * _AHEAD]) ^ _SIGN) >> np.uint64(shift)) * 8
+            )
+        if i + _AHEAD < n:
+            q = (np.uint64(keys[i + _AHEAD]) ^ _SIGN) >> np.uint64(shift)
+            _prefetch_r(k_addr + starts[q] * 8)
         k = keys[i]
         p = (np.uint64(k) ^ _SIGN) >> np.uint64(shift)
         lo, hi = starts[p], starts[p + 1]
@@ -281,21 +299,21 @@ def _find_rows(
 def _take_rows(
     weights: np.ndarray, pos: np.ndarray, dest: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    for i in range(pos.shape[0]):
-        take_one(weights, pos[i], out, dest[i])
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def take_one(
-    weights: np.ndarray, at: int, out: np.ndarray, o: int
-) -> None:  # pragma: no cover - compiled
-    """``out[o] = weights[at]``, zeros when ``at < 0`` (no such key)."""
-    if at >= 0:
-        for d in range(weights.shape[1]):
-            out[o, d] = weights[at, d]
-    else:
-        for d in range(weights.shape[1]):
-            out[o, d] = 0.0
+    D = weights.shape[1]
+    w_addr, row_bytes = weights.ctypes.data, D * 4
+    n = pos.shape[0]
+    for i in range(n):
+        if i + _AHEAD < n and pos[i + _AHEAD] >= 0:
+            a = w_addr + pos[i + _AHEAD] * row_bytes
+            _prefetch_r(a)
+            _prefetch_r(a + row_bytes - 1)
+        o, at = dest[i], pos[i]
+        if at >= 0:
+            for d in range(D):
+                out[o, d] = weights[at, d]
+        else:
+            for d in range(D):
+                out[o, d] = 0.0
 
 
 def find_rows(

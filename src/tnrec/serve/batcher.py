@@ -9,9 +9,10 @@ batches adapt to the load and a lone request never waits. A batch of at most
 ``inline_rows`` rows (16 by default) runs on the event loop instead: such a
 call takes about a millisecond, little more than the hand-off to the thread
 and back, and the two threads taking turns at the interpreter lock cost more
-again; measured at 500 requests/s on 2 cores (DeepFM, AOT graph, against
-``inline_rows = 0``), the service's time a request fell from 0.97–1.03 to
-0.88 ms at batch 1 and from 1.64–2.04 to 1.06–1.12 ms at batch 16. Requests
+again; measured at 500 requests/s on 2 cores (DeepFM, AOT graph: ``python
+bench/serve_http_bench.py --aot --workers 1 --reloads 0`` against the same with
+``--inline-rows 0``), the service's time a request was 0.88 ms against
+0.97–1.03 at batch 1, and 1.06–1.12 ms against 1.64–2.04 at batch 16. Requests
 arriving meanwhile queue up and merge into the next batch. A positive wait
 merges more at light load, for at most that much added latency; measured at
 500 requests/s of batch 1 on 2 cores, 2 ms of it raised the median answer

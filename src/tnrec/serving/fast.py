@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from tnrec._hashing import mix64_scalar
-from tnrec.export.dictionary import _SIGN, take_one
+from tnrec.export.dictionary import find_rows, take_rows
 from tnrec.feature_column import (
     CategoryColumn,
     NumericColumn,
@@ -22,7 +22,6 @@ from tnrec.feature_column import (
 )
 from tnrec.feature_column._hash import _fnv1a64
 from tnrec.feature_column.arrow import _string_buffers
-from tnrec.table._llvm import _prefetch_r
 
 #
 # Most requests hold one plain value per column: a str or int per categorical
@@ -160,74 +159,12 @@ def grid_rows(
     memo = (id(dict_keys), id(rows) if isinstance(rows, np.ndarray) else "all")
     pos = found.get(memo)
     if pos is None:
-        keys = np.ascontiguousarray(grid_keys[rows]).reshape(-1)  # [C*B]
-        given = np.ascontiguousarray(present[rows]).reshape(-1)  # [C*B]
-        pos = np.empty(keys.shape[0], np.int64)  # [C*B]
-        _find_grid(np.asarray(dict_keys), index[0], index[1], keys, given, pos)
+        pos = find_rows(dict_keys, index, np.ascontiguousarray(grid_keys[rows]).reshape(-1))
+        pos[~present[rows].reshape(-1)] = -1  # [C*B]; no key where no value
         found[memo] = pos
     out = np.empty((pos.shape[0], weights.shape[1]), np.float32)  # [C*B, D]
-    _take_grid(np.asarray(weights), pos, out)
+    take_rows(weights, pos, np.arange(pos.shape[0]), out)
     return out
-
-
-# The grid's keys come in row order, so their dictionary reads land anywhere in
-# the dictionary: each read is a cache miss. The kernels below start the reads
-# of the key ``_AHEAD`` positions on while they work on this one (the prefix
-# index entry two steps ahead, then the keys it points to), so the misses of
-# several keys overlap instead of following one another.
-_AHEAD = 16
-
-
-@nb.njit(nogil=True, cache=True)
-def _find_grid(
-    dict_keys: np.ndarray,
-    starts: np.ndarray,
-    shift: int,
-    keys: np.ndarray,
-    given: np.ndarray,
-    pos: np.ndarray,
-) -> None:  # pragma: no cover - compiled
-    """``pos[i]``: where ``keys[i]`` is in ``dict_keys`` (``key_index``'s ``starts, shift``);
-    -1 when it is not there or ``given[i]`` is False."""
-    n = keys.shape[0]
-    s_addr, k_addr = starts.ctypes.data, dict_keys.ctypes.data
-    for i in range(n):
-        if i + 2 * _AHEAD < n:
-            _prefetch_r(
-                s_addr + ((np.uint64(keys[i + 2 * _AHEAD]) ^ _SIGN) >> np.uint64(shift)) * 8
-            )
-        if i + _AHEAD < n:
-            q = (np.uint64(keys[i + _AHEAD]) ^ _SIGN) >> np.uint64(shift)
-            _prefetch_r(k_addr + starts[q] * 8)
-        if not given[i]:
-            pos[i] = -1
-            continue
-        # the search of export.dictionary's _find_rows, written out: called as an inlined
-        # helper it took 0.6 ms instead of 0.45-0.5 for a 1024-row call
-        k = keys[i]
-        p = (np.uint64(k) ^ _SIGN) >> np.uint64(shift)
-        lo, hi = starts[p], starts[p + 1]
-        while lo < hi:  # the first position in the prefix holding a key >= k
-            m = (lo + hi) >> 1
-            if dict_keys[m] < k:
-                lo = m + 1
-            else:
-                hi = m
-        pos[i] = lo if lo < starts[p + 1] and dict_keys[lo] == k else -1
-
-
-@nb.njit(nogil=True, cache=True)
-def _take_grid(weights: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
-    """``out[i] = weights[pos[i]]`` (zeros where ``pos[i] < 0``), fetching rows ahead."""
-    D = weights.shape[1]
-    w_addr, row_bytes = weights.ctypes.data, D * 4
-    n = pos.shape[0]
-    for i in range(n):
-        if i + _AHEAD < n and pos[i + _AHEAD] >= 0:
-            a = w_addr + pos[i + _AHEAD] * row_bytes
-            _prefetch_r(a)
-            _prefetch_r(a + row_bytes - 1)
-        take_one(weights, pos[i], out, i)
 
 
 def _fast_dense(plan: _FastPlan, nums: pa.Array | None, B: int, row_major: bool) -> Any:
