@@ -4,7 +4,9 @@ One process, dim 8, row-wise AdaGrad: it fills a table with ``--keys`` keys
 (``table_bench``'s keys), saves it with ``order="bucket"`` (what checkpoints
 write), then times, each on its own, in the load's chunks:
 
-* sha256: every saved file's bytes (already in memory) through ``hashlib``, one thread;
+* checksum: every saved file's bytes (already in memory) through XXH3 (what a
+  save records, :mod:`tnrec._fileio.digest`), one thread, and through
+  ``hashlib``'s sha256 (what older saves recorded) for comparison;
 * index: the keys of ``keys.npy`` put into a new table's reserved index
   (``rows_for(keys, new=True)``, the load's call), and the reserve itself;
 * records: the columns written into the rows (``write_blocks``, the load's
@@ -28,6 +30,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +52,7 @@ def timed(fn, *args) -> tuple[float, float]:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
+    from tnrec._fileio.digest import Xxh3
     from tnrec.table import AdaGrad, SparseTable, stream
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,13 +77,14 @@ def main() -> None:
         rows: list[tuple[str, float, float]] = []
         with MachineWatch() as watch:
 
-            def sha() -> None:
+            def checksum(new: Callable[[], Any]) -> None:
                 for arr in (keys, *data.values()):
-                    h = hashlib.sha256()
+                    h = new()
                     for a, b in spans:
                         h.update(arr[a:b].data)
 
-            rows.append(("sha256 (1 thread)", *timed(sha)))
+            rows.append(("checksum: XXH3 (1 thread)", *timed(checksum, Xxh3)))
+            rows.append(("checksum: sha256 (1 thread)", *timed(checksum, hashlib.sha256)))
             table = SparseTable(dim, AdaGrad(), name="parts")
             rows.append(("reserve index and rows", *timed(table.reserve, n)))
             rws: list[np.ndarray] = []

@@ -55,6 +55,8 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from tnrec._fileio import storage
+from tnrec._fileio.digest import algorithm as digest_algorithm
+from tnrec._fileio.digest import is_digest, new_digest  # noqa: F401 - re-exported
 from tnrec._fileio.ranges import RangeReader  # noqa: F401 - re-exported
 from tnrec._fileio.storage import (  # noqa: F401 - the storage interface, re-exported
     absolute,
@@ -154,16 +156,18 @@ def write_file(path: str, write: Callable[[IO[bytes]], Any]) -> None:
 
 
 class StreamFile:
-    """A file written in pieces: sha256 computed as it is written, fsynced by :meth:`close`.
+    """A file written in pieces: its checksum computed as it is written, fsynced by
+    :meth:`close`. ``algorithm``: ``"sha256"`` (a bare hex digest) or ``"xxh3"``
+    (``"xxh3:<hex>"``; :mod:`tnrec._fileio.digest`).
 
     Raises (every method):
         WriteError: the file cannot be written (names it and why).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, algorithm: str = "sha256") -> None:
         self.path = path
         self._remote = is_remote(path)
-        self._hash = hashlib.sha256()
+        self._hash = new_digest(algorithm)
         try:
             fault_point(path)
             self._f: IO[bytes] = (
@@ -181,7 +185,7 @@ class StreamFile:
         self._hash.update(data)
 
     def close(self) -> str:
-        """Flush, fsync (a remote file: upload) and close; return the hex sha256 of everything
+        """Flush, fsync (a remote file: upload) and close; return the digest of everything
         written."""
         try:
             self._f.flush()
@@ -379,15 +383,22 @@ def append_text(path: str, text: str) -> None:
 
 def sha256_file(path: str) -> str:
     """Return the hex sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
+    return digest_file(path, "sha256")
+
+
+def digest_file(path: str, like: str) -> str:
+    """Return the digest of a file with the algorithm ``like`` names (``"sha256"``,
+    ``"xxh3"`` or a digest of either), read in 4 MiB blocks."""
+    h = new_digest(like)
     with open_input(path) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(4 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def check_file(full: str, digest: str, kind: str, manifest: str) -> str:
-    """Return ``full`` if it exists and its sha256 is ``digest``; raise naming the file otherwise.
+    """Return ``full`` if it exists and its checksum is ``digest`` (sha256 or XXH3, as the
+    digest says); raise naming the file otherwise.
 
     Raises:
         CheckpointError: the file is missing or unreadable.
@@ -400,11 +411,14 @@ def check_file(full: str, digest: str, kind: str, manifest: str) -> str:
     if not there:
         raise CheckpointError(f"{kind} file {full} is missing (it is listed in {manifest}).")
     try:
-        actual = sha256_file(full)
+        actual = digest_file(full, digest)
     except OSError as e:
         raise CheckpointError(f"Cannot read {kind.lower()} file {full}: {e}.") from None
     if actual != digest:
-        raise ChecksumError(f"{kind} file {full} is corrupt: its sha256 does not match {manifest}.")
+        raise ChecksumError(
+            f"{kind} file {full} is corrupt: its {digest_algorithm(digest)} does not match "
+            f"{manifest}."
+        )
     return full
 
 

@@ -4,7 +4,7 @@ Directory layout (``storage="npy"``)::
 
     path/
       table.json        header: format version, name, dim, seed, initializer, optimizer,
-                        policy, generation, count, bucket range, sha256 of every file
+                        policy, generation, count, bucket range, XXH3 of every file
       keys.npy          int64[n], ascending
       weights.npy       float32[n, D]
       <state>.npy       the optimizer's state arrays (g2sum | m, v, step | z, n)
@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tnrec import _fileio
-from tnrec._fileio import check_file, fsync_dir, kill_point, sha256_file
+from tnrec._fileio import check_file, digest_file, fsync_dir, kill_point
 from tnrec._hashing import NUM_BUCKETS, bucket_of
 from tnrec.errors import (
     ArgumentError,
@@ -210,7 +210,7 @@ def save(
 
 def _write_streamed(table: TableRows, tmp: str, lo: int, hi: int) -> tuple[int, dict[str, str]]:
     """Write the rows of buckets ``[lo, hi)`` in bucket order, streamed, plus the offsets and
-    the admission sketch's slices; return ``(count, {file: sha256})``."""
+    the admission sketch's slices; return ``(count, {file: digest})``."""
     offsets, checksums = table.write_bucket_files(tmp, lo, hi)
     _write_small(tmp, "bucket_offsets", offsets, checksums)
     return int(offsets[-1]), checksums
@@ -219,7 +219,7 @@ def _write_streamed(table: TableRows, tmp: str, lo: int, hi: int) -> tuple[int, 
 def _write_small(tmp: str, name: str, arr: np.ndarray, checksums: dict[str, str]) -> None:
     fname = f"{name}.npy"
     _fileio.write_file(os.path.join(tmp, fname), _npy_writer(np.ascontiguousarray(arr)))
-    checksums[fname] = sha256_file(os.path.join(tmp, fname))
+    checksums[fname] = digest_file(os.path.join(tmp, fname), "xxh3")
 
 
 def _write_sketch(table: TableRows, tmp: str, lo: int, hi: int, checksums: dict[str, str]) -> None:
@@ -249,11 +249,11 @@ def _write_sorted(
             fname = f"{name}.npy"
             arr = np.ascontiguousarray(arrays[name])
             _fileio.write_file(os.path.join(tmp, fname), _npy_writer(arr))
-            checksums[fname] = sha256_file(os.path.join(tmp, fname))
+            checksums[fname] = digest_file(os.path.join(tmp, fname), "xxh3")
             kill_point(f"file:{fname}")
     else:
         _fileio.write_file(os.path.join(tmp, TEXT_ROWS), lambda f: _write_text(f, table, arrays))
-        checksums[TEXT_ROWS] = sha256_file(os.path.join(tmp, TEXT_ROWS))
+        checksums[TEXT_ROWS] = digest_file(os.path.join(tmp, TEXT_ROWS), "xxh3")
     return int(keys.shape[0]), checksums
 
 
@@ -370,7 +370,7 @@ def _check_header(header: dict[str, Any], fname: str) -> None:
     if not isinstance(header["optimizer"].get("type"), str):
         raise CheckpointError(f"{fname}: field 'optimizer' has no 'type'.")
     for rel, digest in header["files"].items():
-        if not isinstance(digest, str) or os.path.basename(rel) != rel:
+        if not _fileio.is_digest(digest) or os.path.basename(rel) != rel:
             raise CheckpointError(f"{fname}: field 'files' has a bad entry {rel!r}: {digest!r}.")
     storage = header.get("storage", "npy")
     if storage not in ("npy", "txt") or header.get("order", "key") not in ("key", "bucket"):
@@ -382,7 +382,7 @@ def _check_header(header: dict[str, Any], fname: str) -> None:
 
 
 def verify(path: str) -> dict[str, Any]:
-    """Check a saved table's header and every file's sha256; return the header.
+    """Check a saved table's header and every file's checksum; return the header.
 
     Raises:
         CheckpointError: missing or unreadable header or file; ChecksumError,

@@ -324,20 +324,44 @@ REGIONS = 16  # fixed, so the layout an insert leaves does not depend on the thr
 
 @nb.njit(nogil=True, cache=True)
 def group_by_region(
-    keys: np.ndarray, mask: int, shift: int, order: np.ndarray, starts: np.ndarray
+    keys: np.ndarray, mask: int, shift: int, homes: np.ndarray, order: np.ndarray, starts: np.ndarray
 ) -> None:  # pragma: no cover - compiled
-    """Counting sort: ``order`` lists the positions of ``keys`` grouped by the region of their
-    home slot (``home >> shift``, ``REGIONS`` regions), stable; ``starts[r]`` is region ``r``'s
-    first position (``starts[REGIONS] = len(keys)``)."""
+    """Counting sort: ``homes[i]`` is the home slot of ``keys[i]`` in an index of ``mask + 1``
+    slots; ``order`` lists the positions of the keys grouped by the region of their home
+    slot (``home >> shift``, ``REGIONS`` regions), stable; ``starts[r]`` is region ``r``'s
+    first position (``starts[REGIONS] = len(keys)``).
+
+    Keys already grouped (a load of a checkpoint, whose files hold the rows bucket after
+    bucket in index order) keep their order: the regions' bounds are found by bisection.
+    """
+    n = keys.shape[0]
+    grouped = True
+    for i in range(n):
+        homes[i] = _home(keys[i], mask)
+        if i and (homes[i] >> shift) < (homes[i - 1] >> shift):
+            grouped = False
+    if grouped:
+        for r in range(REGIONS + 1):
+            lo, hi = 0, n  # the first position whose region is >= r
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if (homes[mid] >> shift) < r:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            starts[r] = lo
+        for i in range(n):
+            order[i] = i
+        return
     counts = np.zeros(REGIONS + 1, np.int64)
-    for i in range(keys.shape[0]):
-        counts[(_home(keys[i], mask) >> shift) + 1] += 1
+    for i in range(n):
+        counts[(homes[i] >> shift) + 1] += 1
     for r in range(REGIONS):
         counts[r + 1] += counts[r]
     starts[:] = counts
     at = counts[:REGIONS].copy()
-    for i in range(keys.shape[0]):
-        g = _home(keys[i], mask) >> shift
+    for i in range(n):
+        g = homes[i] >> shift
         order[at[g]] = i
         at[g] += 1
 
@@ -346,6 +370,7 @@ def group_by_region(
 def insert_new_regions(
     slots: np.ndarray,
     keys: np.ndarray,
+    homes: np.ndarray,
     order: np.ndarray,
     starts: np.ndarray,
     r0: int,
@@ -354,23 +379,23 @@ def insert_new_regions(
     first_row: int,
     deferred: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
-    """Insert the keys of regions ``[r0, r1)``: key ``i`` gets row ``first_row + i``.
+    """Insert the keys of regions ``[r0, r1)``: key ``i`` (home slot ``homes[i]``) gets row
+    ``first_row + i``.
 
     A probe never leaves its region: a key whose run reaches the region's end
     is marked in ``deferred`` for :func:`insert_new_serial`, so threads given
     disjoint regions never touch the same slot. Returns the number of keys
     found already present (duplicates: an error for the caller).
     """
-    mask = slots.shape[0] - 1
     base = slots.ctypes.data
     dups = 0
     lo_t, hi_t = starts[r0], starts[r1]
     for t in range(lo_t, hi_t):
         if t + _AHEAD < hi_t:
-            _prefetch_w(base + _home(keys[order[t + _AHEAD]], mask) * 12)
+            _prefetch_w(base + homes[order[t + _AHEAD]] * 12)
         i = order[t]
         key = keys[i]
-        s = _home(key, mask)
+        s = homes[i]
         end = ((s >> shift) + 1) << shift
         lo, hi = key_lo(key), key_hi(key)
         while True:

@@ -5,8 +5,8 @@ groups the live slots by bucket (``int32`` slot numbers: 4 bytes a key);
 then chunks of ``CHUNK_BYTES`` of rows are gathered straight from the row
 store and appended to the column files (``keys.npy``, ``weights.npy``, the
 optimizer's state, ``show`` ... ``marker``; the ``.npy`` headers are written
-first, from the known row count), each file's sha256 computed as it is
-written. A writer thread writes chunk ``i`` while the next is gathered, so
+first, from the known row count), each file's XXH3 computed as it is
+written (:mod:`tnrec._fileio.digest`). A writer thread writes chunk ``i`` while the next is gathered, so
 the disk and the gathering overlap. Memory beyond the table: the slot order
 plus two chunks.
 
@@ -19,15 +19,15 @@ pass (all columns of a row at once, on the table's threads); the table
 reserves its index and row chunks for the whole count first, so nothing is
 rehashed as rows arrive. Memory beyond the table: three chunks' buffers
 (``LOAD_CHUNK_BYTES`` each).
-Read whole, each file's sha256 is computed as it streams by, on two hashing
-threads (a file always on the same one), and compared at the end; read by
+Read whole, each file's checksum (XXH3, or sha256 for files saved with it)
+is computed as it streams by, on two hashing threads (a file always on the
+same one), and compared at the end; read by
 bucket (another number of workers), the files are verified first, then only
 the selected buckets' byte ranges are read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import time
@@ -195,10 +195,10 @@ def write_columns(
     slots: np.ndarray, st: RowStore, tmp: str, order: npt.NDArray[np.int32], cols: list[Column]
 ) -> dict[str, str]:
     """Write ``keys.npy`` and one file per column of the rows of the slots in ``order``;
-    return their sha256."""
+    return their XXH3 digests."""
     n = order.shape[0]
     names = ["keys", *(c.name for c in cols)]
-    files = {name: _fileio.StreamFile(os.path.join(tmp, f"{name}.npy")) for name in names}
+    files = {name: _fileio.StreamFile(os.path.join(tmp, f"{name}.npy"), "xxh3") for name in names}
     try:
         files["keys"].write(npy_header("i8", (n,)))
         for c in cols:
@@ -242,7 +242,7 @@ _DEPTH = 3  # buffers each column file's reader rotates through: the chunk read 
 
 class _Reader:
     """One ``.npy`` column file read in chunks of rows (:class:`tnrec._fileio.RangeReader`),
-    its sha256 updated in file order when ``hashing``."""
+    its checksum (the algorithm ``digest`` names) updated in file order when ``hashing``."""
 
     def __init__(
         self,
@@ -268,7 +268,8 @@ class _Reader:
         head = self._header(path, dtype, shape, digest, hashing)
         self.offset = len(head)
         self.end = self.offset + shape[0] * self.row_bytes
-        self.hash = hashlib.sha256(head) if hashing else None
+        self.hash = _fileio.new_digest(digest, head) if hashing else None
+        self.algorithm = _fileio.digest_algorithm(digest or "")
         try:
             self.size = _fileio.size(path)
             self.ranges = _fileio.RangeReader(path, max_rows * self.row_bytes, _DEPTH)
@@ -303,9 +304,10 @@ class _Reader:
                     return f.read(n)
         except OSError as e:
             raise CheckpointError(f"Cannot read {path}: {e}.") from None
-        if hashing and digest is not None and _fileio.sha256_file(path) != digest:
+        if hashing and digest is not None and _fileio.digest_file(path, digest) != digest:
             raise ChecksumError(
-                f"Saved table file {path} is corrupt: its sha256 does not match table.json."
+                f"Saved table file {path} is corrupt: its {_fileio.digest_algorithm(digest)} "
+                "does not match table.json."
             )
         raise CheckpointError(f"{path}: {problem}, as table.json says.")
 
@@ -319,12 +321,12 @@ class _Reader:
         if got.shape[0] != want:
             raise ChecksumError(
                 f"Saved table file {self.path} is corrupt: it is truncated (rows {a}..{b} are "
-                "missing), so its sha256 does not match table.json."
+                f"missing), so its {self.algorithm} does not match table.json."
             )
         return got.view(self.dtype).reshape(b - a, self.width)
 
     def update(self, block: np.ndarray) -> None:
-        """Add ``block`` (the next rows of the file) to the sha256."""
+        """Add ``block`` (the next rows of the file) to the checksum."""
         if self.hash is not None:
             self.hash.update(block.data)
 
@@ -332,7 +334,8 @@ class _Reader:
         """Check the file held exactly the rows read and matches ``digest``."""
         if self.hash is not None and (self.size != self.end or self.hash.hexdigest() != digest):
             raise ChecksumError(
-                f"Saved table file {self.path} is corrupt: its sha256 does not match {header_file}."
+                f"Saved table file {self.path} is corrupt: its {self.algorithm} does not match "
+                f"{header_file}."
             )
 
     def close(self) -> None:

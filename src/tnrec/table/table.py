@@ -529,16 +529,17 @@ class SparseTable(RowAccess):
             raise RuntimeError("internal error: _insert_new needs reserved, never-used rows")
         slots, first = self._slots, st.next_row
         shift = (self._slots.shape[0] // index.REGIONS).bit_length() - 1
+        homes = np.empty(n, np.int64)
         order = np.empty(n, np.int64)
         starts = np.empty(index.REGIONS + 1, np.int64)
-        index.group_by_region(keys, slots.shape[0] - 1, shift, order, starts)
+        index.group_by_region(keys, slots.shape[0] - 1, shift, homes, order, starts)
         deferred = np.zeros(n, np.bool_)
         parts = _region_parts(starts, threads.get_num_threads() if n >= threads.MIN_SLICE else 1)
         dups = sum(
             threads.run(
                 parts,
                 lambda r0, r1: index.insert_new_regions(
-                    slots, keys, order, starts, r0, r1, shift, first, deferred
+                    slots, keys, homes, order, starts, r0, r1, shift, first, deferred
                 ),
             )
         )

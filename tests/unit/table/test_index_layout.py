@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tnrec._hashing import NUM_BUCKETS, bucket_of, mix64
-from tnrec.table import SGD, SparseTable
+from tnrec.table import SGD, SparseTable, index
 from tnrec.table.index import home, slot_key
 
 
@@ -44,3 +44,26 @@ def test_every_slot_sits_at_or_after_its_home_in_a_full_table():
     assert run.max() < 200
     for s, d in zip(live, run, strict=True):  # no empty slot between a key and its home
         assert (slots[(s - np.arange(d + 1)) & mask, 2] >= 0).all()
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_group_by_region_is_a_stable_sort_by_region(grouped):
+    rng = np.random.default_rng(11)
+    capacity = 1 << 14
+    shift = (capacity // index.REGIONS).bit_length() - 1
+    keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 5000)
+    want_homes = np.array([home(k, capacity - 1) for k in keys])
+    regions = want_homes >> shift
+    if grouped:  # as a checkpoint's file holds them: by region, in any order within one
+        at = np.argsort(regions, kind="stable")
+        keys, want_homes, regions = keys[at], want_homes[at], regions[at]
+    homes = np.empty(keys.shape[0], np.int64)
+    order = np.empty(keys.shape[0], np.int64)
+    starts = np.empty(index.REGIONS + 1, np.int64)
+    index.group_by_region(keys, capacity - 1, shift, homes, order, starts)
+    np.testing.assert_array_equal(homes, want_homes)
+    np.testing.assert_array_equal(order, np.argsort(regions, kind="stable"))
+    counts = np.bincount(regions, minlength=index.REGIONS)
+    np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(counts)]))
+    if grouped:
+        np.testing.assert_array_equal(order, np.arange(keys.shape[0]))
