@@ -3,6 +3,7 @@ list sha256 digests (older saves) or XXH3 ones."""
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -88,26 +89,26 @@ def test_a_table_listing_sha256_digests_loads_and_damage_is_still_found(tmp_path
     files.verify(tmp_path / "t")
     got = SparseTable.load(tmp_path / "t")
     np.testing.assert_array_equal(got.pull(keys, create=False), t.pull(keys, create=False))
-    f = tmp_path / "t" / "weights.npy"
-    data = bytearray(f.read_bytes())
-    data[-5] ^= 0x01
-    f.write_bytes(bytes(data))
-    with pytest.raises(ChecksumError, match=r"weights\.npy is corrupt: its sha256"):
-        SparseTable.load(tmp_path / "t")
-    with pytest.raises(ChecksumError, match=r"weights\.npy is corrupt: its sha256"):
-        files.verify(tmp_path / "t")
+    _flip_and_expect(tmp_path / "t", "weights.npy", -5, "sha256")
 
 
 def test_a_damaged_file_is_named_with_its_xxh3(tmp_path):
     _saved(tmp_path, "bucket")
-    f = tmp_path / "t" / "keys.npy"
+    _flip_and_expect(tmp_path / "t", "keys.npy", 200, "xxh3")
+
+
+def _flip_and_expect(table_dir, name, at, algorithm):
+    """Flip one bit of ``name`` at byte ``at``: verify and load refuse it, naming the file
+    and the checksum ``table.json`` gives it."""
+    f = table_dir / name
     data = bytearray(f.read_bytes())
-    data[200] ^= 0x80
+    data[at] ^= 0x80
     f.write_bytes(bytes(data))
-    with pytest.raises(ChecksumError, match=r"keys\.npy is corrupt: its xxh3 does not match"):
-        files.verify(tmp_path / "t")
-    with pytest.raises(ChecksumError, match=r"keys\.npy is corrupt: its xxh3 does not match"):
-        SparseTable.load(tmp_path / "t")
+    want = f"{re.escape(name)} is corrupt: its {algorithm} does not match"
+    with pytest.raises(ChecksumError, match=want):
+        files.verify(table_dir)
+    with pytest.raises(ChecksumError, match=want):
+        SparseTable.load(table_dir)
 
 
 def test_a_header_listing_something_that_is_not_a_digest_is_refused(tmp_path):
