@@ -324,7 +324,12 @@ REGIONS = 16  # fixed, so the layout an insert leaves does not depend on the thr
 
 @nb.njit(nogil=True, cache=True)
 def group_by_region(
-    keys: np.ndarray, mask: int, shift: int, homes: np.ndarray, order: np.ndarray, starts: np.ndarray
+    keys: np.ndarray,
+    mask: int,
+    shift: int,
+    homes: np.ndarray,
+    order: np.ndarray,
+    starts: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
     """Counting sort: ``homes[i]`` is the home slot of ``keys[i]`` in an index of ``mask + 1``
     slots; ``order`` lists the positions of the keys grouped by the region of their home

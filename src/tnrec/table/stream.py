@@ -6,9 +6,9 @@ then chunks of ``CHUNK_BYTES`` of rows are gathered straight from the row
 store and appended to the column files (``keys.npy``, ``weights.npy``, the
 optimizer's state, ``show`` ... ``marker``; the ``.npy`` headers are written
 first, from the known row count), each file's XXH3 computed as it is
-written (:mod:`tnrec._fileio.digest`). A writer thread writes chunk ``i`` while the next is gathered, so
-the disk and the gathering overlap. Memory beyond the table: the slot order
-plus two chunks.
+written (:mod:`tnrec._fileio.digest`). A writer thread writes chunk ``i``
+while the next is gathered, so the disk and the gathering overlap. Memory
+beyond the table: the slot order plus two chunks.
 
 A load reads the column files in chunks of ``LOAD_CHUNK_BYTES``, the files of
 a chunk at once on four threads (:class:`tnrec._fileio.RangeReader`:

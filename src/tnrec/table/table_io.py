@@ -122,7 +122,8 @@ class RowAccess:
         self, directory: str, lo: int, hi: int
     ) -> tuple[npt.NDArray[np.int64], dict[str, str]]:
         """Stream the rows of buckets ``[lo, hi)`` to column files in ``directory``, grouped by
-        bucket (:mod:`tnrec.table.stream`); return the bucket offsets and ``{file: XXH3 digest}``."""
+        bucket (:mod:`tnrec.table.stream`); return the bucket offsets and
+        ``{file: XXH3 digest}``."""
         order, offsets = stream.bucket_order(self._slots, self._bucket_rows, lo, hi)
         cols = stream.columns(self.dim, self.optimizer.state_arrays(self.dim))
         return offsets, stream.write_columns(self._slots, self._store, directory, order, cols)

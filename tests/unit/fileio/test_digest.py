@@ -52,7 +52,16 @@ def test_a_digest_names_its_algorithm():
     assert new_digest(xx, b"x").hexdigest() == xx
     assert new_digest("xxh3", b"x").hexdigest() == xx
     assert is_digest(sha) and is_digest(xx)
-    for bad in (None, 7, "", sha[:-1], "xxh3:" + "0" * 15, "xxh3:" + "g" * 16, "xxh64:" + "0" * 16, sha.upper()):
+    for bad in (
+        None,
+        7,
+        "",
+        sha[:-1],
+        "xxh3:" + "0" * 15,
+        "xxh3:" + "g" * 16,
+        "xxh64:" + "0" * 16,
+        sha.upper(),
+    ):
         assert not is_digest(bad), bad
 
 
