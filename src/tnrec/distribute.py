@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 from tnrec.errors import ArgumentError, DistributedError
@@ -29,13 +28,14 @@ from tnrec.launch import launch_env
 from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.asynchronous import AsyncPS, init_rpc, shutdown_rpc
 from tnrec.ps.comm import Comm
+from tnrec.ps.dense import DENSE_BACKENDS as DENSE_BACKENDS  # re-exported
+from tnrec.ps.dense import DenseComm
+from tnrec.ps.dense import check_dense_backend as _check_dense_backend
+from tnrec.ps.dense import dense_backend_for as dense_backend_for  # re-exported
 from tnrec.ps.sharded import ShardedPS
 from tnrec.table import MemoryBudget, SparseTable, threads
 
 DEFAULT_TIMEOUT_S = 300.0
-
-#: ``PsStrategy(dense_backend=)``'s values besides None (chosen by the model's device).
-DENSE_BACKENDS = ("gloo", "nccl")
 
 
 _current: PsStrategy | None = None
@@ -78,9 +78,10 @@ class PsStrategy:
         dense_backend: the backend of the dense all-reduce and broadcasts:
             None (:func:`dense_backend_for` chooses by the model's device:
             ``backend`` for a CPU model, ``"nccl"`` for a CUDA one), ``"gloo"``
-            or ``"nccl"``. The second, NCCL process group is **not built yet**:
-            every collective runs on the ``backend`` group, so ``"nccl"`` with
-            more than one worker is refused rather than ignored.
+            or ``"nccl"``. Other than the ``backend`` group, it is a second
+            process group, created at the first dense collective that needs
+            it (:mod:`tnrec.ps.dense`); the sparse exchange stays on
+            ``backend``. Async mode keeps the dense server on the host.
 
     Example:
         >>> import tnrec as tn
@@ -119,12 +120,7 @@ class PsStrategy:
             MemoryBudget(memory_limit_bytes) if memory_limit_bytes is not None else None
         )
         self.env = launch_env()
-        if dense_backend == "nccl" and self.env.world_size > 1:
-            raise ArgumentError(
-                "PsStrategy: `dense_backend` 'nccl' needs a second, NCCL process group for the "
-                "dense all-reduce, which tnrec does not build yet "
-                f"({self.env.world_size} workers); use dense_backend=None or 'gloo'."
-            )
+        self.backend = backend
         self.timeout_s = float(timeout_s)
         self.comm: Comm | None = None
         if self.env.world_size > 1:
@@ -179,7 +175,7 @@ class PsStrategy:
             return LocalPS(tables)
         if self.asynchronous:
             return AsyncPS(tables, self.comm, self.staleness)
-        return ShardedPS(tables, self.comm)
+        return ShardedPS(tables, self.comm, DenseComm(self.comm, self.dense_backend, self.backend))
 
     def barrier(self) -> None:
         """Wait for every worker (no-op in one process)."""
@@ -207,64 +203,6 @@ class PsStrategy:
         if _current is self:
             _current = None
             threads.set_local_workers(1)  # no strategy: this process is alone
-
-
-def _check_dense_backend(requested: object) -> str | None:
-    """Return ``requested`` if it is None or one of :data:`DENSE_BACKENDS`.
-
-    Raises:
-        ArgumentError: another value.
-    """
-    if requested is not None and requested not in DENSE_BACKENDS:
-        raise ArgumentError(
-            '`dense_backend` must be None, "gloo" or "nccl". '
-            f"Received: dense_backend={requested!r}."
-        )
-    return requested  # type: ignore[return-value]
-
-
-def dense_backend_for(
-    model_device: torch.device | str, requested: str | None, backend: str = "gloo"
-) -> str:
-    """Return the backend the dense all-reduce and broadcasts of a model on ``model_device`` use.
-
-    The rule (the sparse key/row exchange always stays on ``backend``, on the host):
-
-    ======================  ==========  ==================
-    ``requested``           CPU model   CUDA model
-    ======================  ==========  ==================
-    None                    ``backend`` ``"nccl"``
-    ``"gloo"``              ``"gloo"``  ``"gloo"``
-    ``"nccl"``              refused     ``"nccl"``
-    ======================  ==========  ==================
-
-    Gloo reduces CUDA tensors through host copies; NCCL reduces CUDA tensors
-    only. Only the choice is implemented: the NCCL process group it names for
-    a CUDA model is not built yet (see :class:`PsStrategy`).
-
-    Args:
-        model_device: the device of the model's dense parameters (``model.device``).
-        requested: ``PsStrategy(dense_backend=)``.
-        backend: the strategy's backend (its default process group).
-
-    Raises:
-        ArgumentError: ``requested`` is not None, "gloo" or "nccl", or is
-            "nccl" for a CPU model.
-
-    Example:
-        >>> dense_backend_for("cpu", None), dense_backend_for("cuda:0", None)
-        ('gloo', 'nccl')
-    """
-    requested = _check_dense_backend(requested)
-    device = torch.device(model_device)
-    if requested == "nccl" and device.type != "cuda":
-        raise ArgumentError(
-            "`dense_backend` 'nccl' reduces CUDA tensors only; the model is on "
-            f"{device}. Use dense_backend=None or 'gloo', or move the model with model.to('cuda')."
-        )
-    if requested is not None:
-        return requested
-    return "nccl" if device.type == "cuda" else backend
 
 
 def _import_before_process_group() -> None:

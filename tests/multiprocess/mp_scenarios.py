@@ -159,6 +159,8 @@ def contract(
         model.fit(slices, callbacks=[record], verbose=0, pipeline=True)
         losses = record.losses
     out = {f"{opt_name}/loss": np.array(losses)}
+    dense = getattr(model.ps, "dense", None)  # the sharded PS's dense collectives
+    out[f"{opt_name}/dense_groups"] = np.array(sorted(dense.groups()) if dense else [], dtype=str)
     for name, p in model.named_parameters():
         out[f"{opt_name}/dense/{name}"] = p.detach().numpy()
     for tname, table in model.tables.items():
@@ -450,6 +452,7 @@ def run_schedule(rank: int, world: int) -> dict[str, np.ndarray]:
 
 SCENARIOS = {
     "contract": run_contract,
+    "contract_dense_gloo": run_contract,  # the same, the dense part on a second gloo group
     "cvm_frozen": run_cvm_frozen,
     "pipeline": run_pipeline,
     "timeout": run_timeout,
@@ -462,7 +465,8 @@ def main() -> None:
     scenario, out_dir = sys.argv[1], sys.argv[2]
     timeout_s = float(sys.argv[3]) if len(sys.argv) > 3 else 120.0
     torch.set_num_threads(1)
-    strategy = tn.distribute.PsStrategy(timeout_s=timeout_s)
+    dense_backend = "gloo" if scenario == "contract_dense_gloo" else None
+    strategy = tn.distribute.PsStrategy(timeout_s=timeout_s, dense_backend=dense_backend)
     if scenario == "uneven":
         out = run_uneven(strategy.rank, strategy.world_size, sys.argv[4])
     elif scenario == "daily":

@@ -33,12 +33,22 @@ def reference():
     return mp_scenarios.run_contract(0, 1)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_w_workers_train_the_same_model_as_one(launch, tmp_path, reference, world):
-    res = launch(world, ["contract", str(tmp_path)])
+@pytest.mark.parametrize(
+    ("world", "scenario"),
+    [(2, "contract"), (3, "contract"), (2, "contract_dense_gloo")],
+    ids=["2", "3", "2-dense-group"],
+)
+def test_w_workers_train_the_same_model_as_one(launch, tmp_path, reference, world, scenario):
+    """``contract_dense_gloo``: ``PsStrategy(dense_backend="gloo")``, so the dense all-reduce
+    and broadcasts run on a second process group (what a CUDA model's NCCL group is), the
+    sparse exchange on the first."""
+    res = launch(world, [scenario, str(tmp_path)])
     assert res.returncode == 0, res.stdout + res.stderr
-    parts = load(tmp_path, "contract", world)
+    parts = load(tmp_path, scenario, world)
     for opt in mp_scenarios.OPTIMIZERS:
+        want_groups = ["gloo"] if scenario == "contract_dense_gloo" else []
+        for r in range(world):
+            assert parts[r][f"{opt}/dense_groups"].tolist() == want_groups
         for r in range(world):
             np.testing.assert_allclose(
                 parts[r][f"{opt}/loss"], reference[f"{opt}/loss"], rtol=1e-5, atol=1e-6
@@ -57,7 +67,7 @@ def test_w_workers_train_the_same_model_as_one(launch, tmp_path, reference, worl
                 )
     # shutdown() ends Gloo's threads; left running, their teardown at exit can abort the process
     for r in range(world):
-        threads = (tmp_path / f"contract-threads-rank{r}.txt").read_text().split()
+        threads = (tmp_path / f"{scenario}-threads-rank{r}.txt").read_text().split()
         assert threads and not [t for t in threads if "gloo" in t], threads
 
 

@@ -81,26 +81,33 @@ def _check_same_config(strategy: PsStrategy, cfg: RunConfig) -> None:
         )
 
 
-def train_device(cfg: RunConfig, world_size: int) -> torch.device:
+def train_device(cfg: RunConfig, world_size: int, local_rank: int = 0) -> torch.device:
     """Return the dense part's device of ``train.device``, checked before anything is built.
+
+    With several workers, ``"cuda"`` (no index) is each worker's own GPU:
+    ``cuda:<local rank modulo the GPUs this machine has>``, so the workers on one
+    machine spread over its GPUs and their dense all-reduce runs on NCCL
+    (:mod:`tnrec.ps.dense`).
 
     Raises:
         ConfigError: the device is not one this process has (CUDA not
             available, or ``cuda:N`` past the devices there are), or is CUDA
-            with more than one worker: the workers' dense all-reduce runs on
-            host tensors, and the NCCL group for it is not built yet
-            (:func:`tnrec.distribute.dense_backend_for`).
+            with several workers in async mode (its dense server is on the host).
     """
     try:
         device = check_device(cfg.train.device)
     except ArgumentError as e:
         raise ConfigError(f'{cfg.source}: "train.device": {e}') from None
-    if device.type == "cuda" and world_size > 1:
+    if device.type != "cuda" or world_size == 1:
+        return device
+    if cfg.distributed.mode == "async":
         raise ConfigError(
-            f'{cfg.source}: "train.device" is {cfg.train.device!r} with {world_size} workers; '
-            "tnrec trains on CUDA in one process only (the dense all-reduce runs on "
-            'host tensors). Train with one worker, or with device = "cpu".'
+            f'{cfg.source}: "train.device" is {cfg.train.device!r} with {world_size} workers in '
+            "async mode, whose dense server is on the host; train on CUDA in sync mode "
+            '("distributed.mode" = "sync"), or with device = "cpu".'
         )
+    if device.index is None:
+        device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
     return device
 
 
@@ -236,7 +243,7 @@ def train(cfg: RunConfig, verbose: int = 1, eval_next_day: bool = False) -> dict
     d = cfg.distributed
     strategy = current_or_new_strategy(d.timeout_s, d.memory_limit_bytes, d.mode, d.staleness)
     rank = strategy.rank
-    device = train_device(cfg, strategy.world_size)
+    device = train_device(cfg, strategy.world_size, strategy.env.local_rank)
     _check_same_config(strategy, cfg)
     if cfg.train.steps_per_epoch is not None:
         raise ConfigError(

@@ -399,8 +399,15 @@ class AsyncPS:
 
         Raises:
             ArgumentError: the optimizer has several parameter groups, or a
-                state that is not one value per parameter element (or a scalar).
+                state that is not one value per parameter element (or a scalar),
+                or the model is not on the CPU (the dense server is on the host).
         """
+        off_host = sorted({str(p.device) for p in params if p.device.type != "cpu"})
+        if off_host:
+            raise ArgumentError(
+                f"async mode keeps the dense server on the host; the model is on {off_host}. "
+                'Train a model on a device in sync mode (PsStrategy(mode="sync")).'
+            )
         if len(optimizer.param_groups) != 1:
             raise ArgumentError(
                 "async mode: the dense optimizer must have one parameter group (the dense "

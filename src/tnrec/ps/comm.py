@@ -49,16 +49,17 @@ class Comm:
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
-    def new_channel(self) -> Comm:
-        """Return a Comm on a new gloo process group of every worker (a collective).
+    def new_channel(self, backend: str = "gloo") -> Comm:
+        """Return a Comm on a new process group of every worker (a collective), of
+        ``backend`` (the dense part's NCCL group, :mod:`tnrec.ps.dense`; gloo otherwise).
 
         Collectives on it never interleave with this Comm's: another thread
         (the input pipeline's) may run them while this one runs its own. Every
         worker must call it at the same point of its program.
         """
         group = self._run(
-            "create a process group",
-            lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s)),
+            f"create a {backend} process group",
+            lambda: dist.new_group(backend=backend, timeout=timedelta(seconds=self.timeout_s)),
         )
         return Comm(self.timeout_s, group)
 

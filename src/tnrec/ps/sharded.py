@@ -40,6 +40,7 @@ import torch
 
 from tnrec.errors import ArgumentError, NonFiniteError
 from tnrec.ps.comm import Comm
+from tnrec.ps.dense import DenseComm
 from tnrec.ps.unique import unique_inverse
 from tnrec.table import SparseTable, bucket_of
 
@@ -91,13 +92,17 @@ class ShardedPS:
     Args:
         tables: this worker's shard of every table, by name (same names on every worker).
         comm: the collectives.
+        dense: the dense part's collectives (default: on ``comm``, the host's).
     """
 
     asynchronous = False
 
-    def __init__(self, tables: Mapping[str, SparseTable], comm: Comm) -> None:
+    def __init__(
+        self, tables: Mapping[str, SparseTable], comm: Comm, dense: DenseComm | None = None
+    ) -> None:
         self.tables = dict(tables)
         self.comm = comm
+        self.dense = dense if dense is not None else DenseComm(comm)
         self.rank = comm.rank
         self.world_size = comm.world_size
         self._names = sorted(self.tables)
@@ -372,33 +377,13 @@ class ShardedPS:
     def all_reduce_grads(
         self, params: list[torch.nn.Parameter], extra: npt.NDArray[np.float64]
     ) -> npt.NDArray[np.float64]:
-        """Sum every dense gradient, and small ``extra`` counts, over workers in one all-reduce.
-
-        The buffer is float32 (the parameters' dtype): ``extra`` must hold small
-        integer-valued counts, which float32 sums exactly.
-        """
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([*(g.reshape(-1).float() for g in grads), torch.from_numpy(extra).float()])
-        self.comm.all_reduce_sum(flat, "all-reduce dense gradients")
-        at = 0
-        for p, g in zip(params, grads, strict=True):
-            n = g.numel()
-            p.grad = flat[at : at + n].view_as(p).to(p.dtype)
-            at += n
-        return flat[at:].numpy().astype(np.float64)
+        """Sum every dense gradient, and small ``extra`` counts, over workers in one all-reduce
+        (:meth:`tnrec.ps.dense.DenseComm.all_reduce_grads`)."""
+        return self.dense.all_reduce_grads(params, extra)
 
     def broadcast_parameters(self, tensors: list[torch.Tensor]) -> None:
         """Copy rank 0's values of ``tensors`` (parameters, buffers) to every worker."""
-        if not tensors:
-            return
-        flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
-        self.comm.broadcast(flat, "broadcast parameters from rank 0")
-        at = 0
-        with torch.no_grad():
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[at : at + n].view_as(t).to(t.dtype))
-                at += n
+        self.dense.broadcast_parameters(tensors)
 
     def barrier(self, phase: str = "barrier") -> None:
         """Wait for every worker."""

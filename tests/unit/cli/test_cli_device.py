@@ -102,15 +102,23 @@ def test_a_bad_device_names_the_key_and_the_choices(data_dir, capsys, extra, fla
     )
 
 
-def test_cuda_with_several_workers_is_refused(monkeypatch):
+def test_cuda_with_several_workers_is_each_workers_own_gpu_in_sync_mode_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule, without a GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     cfg = config_from_dict(
         {"data": {"train": "x/*.parquet"}, "train": {"device": "cuda"}}, "/r.toml"
     )
     assert train_device(cfg, 1) == torch.device("cuda")
+    assert [train_device(cfg, 4, r) for r in range(4)] == [
+        torch.device("cuda", i) for i in (0, 1, 0, 1)
+    ]
+    cfg.train.device = "cuda:1"
+    assert train_device(cfg, 4, 0) == torch.device("cuda", 1)  # a chosen GPU stays chosen
+    cfg.distributed.mode = "async"
     with pytest.raises(
-        ConfigError, match=r"\"train.device\" is 'cuda' with 2 workers; .* one process only"
+        ConfigError, match=r"\"train.device\" is 'cuda:1' with 2 workers in async mode"
     ):
         train_device(cfg, 2)
+    assert train_device(cfg, 1) == torch.device("cuda", 1)
     cfg.train.device = "cpu"
     assert train_device(cfg, 2) == torch.device("cpu")
