@@ -212,7 +212,7 @@ def pointer_doc(dt: str, generation: int) -> dict[str, Any]:
 
 
 def verify(path: str) -> dict[str, Any]:
-    """Check a checkpoint directory: its manifest and the sha256 of every file it names.
+    """Check a checkpoint directory: its manifest and the checksum of every file it names.
 
     Returns:
         The manifest.

@@ -160,8 +160,8 @@ def _day_counters(root: str, dt: str, model: dict[str, Any] | None) -> dict[str,
 def inspect_summary(path: str) -> dict[str, Any]:
     """Describe a model dir (or one day, or one generation): days, generations, tables.
 
-    The checkpoint whose tables are described is verified first (the sha256 of every
-    file its manifest and table headers name); the other generations' manifests are
+    The checkpoint whose tables are described is verified first (the checksum of
+    every file its manifest and table headers name); the other generations' manifests are
     read and checked, their files are not. Per table: rows (``keys``), bytes on
     disk, each part's (worker's) rows and bytes, and the ``skew`` across parts
     (max / mean rows). ``day_counters``: the checkpoint day's keys admitted and
@@ -209,7 +209,7 @@ def inspect_summary(path: str) -> dict[str, Any]:
             "generation": m["generation"],
             "world_size": m["world_size"],
             "resume": m.get("resume") or {},
-            "verified": "sha256 of every file checked",
+            "verified": "the checksum of every file checked",
         }
         out["tables"] = {n: _table_summary(ckpt, d) for n, d in sorted(m["tables"].items())}
         out["day_counters"] = _day_counters(root, m["dt"], model_doc)

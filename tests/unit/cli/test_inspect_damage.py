@@ -17,7 +17,7 @@ def saved(common, tmp_path):
 
 def test_inspect_says_it_verified_the_checkpoint(saved):
     model_dir, _, _ = saved
-    assert "sha256 of every file checked" in inspect(str(model_dir))
+    assert "the checksum of every file checked" in inspect(str(model_dir))
 
 
 @pytest.mark.parametrize(
