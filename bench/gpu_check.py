@@ -46,9 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +54,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from torchrun import torchrun_command
 
 TOLERANCE = 1e-4
 NCCL_STEPS = 20
@@ -212,13 +212,8 @@ def nccl_check() -> str:
     """W = 2 under ``torchrun`` (NCCL dense) against one process on one GPU; one line."""
     if torch.cuda.device_count() < 2:
         return "W = 2 with NCCL dense: not checked (it needs two GPUs; this machine has one)"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(port),
-               os.path.abspath(__file__), "--nccl-worker", d]  # fmt: skip
+        cmd = torchrun_command(2, os.path.abspath(__file__), "--nccl-worker", d)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if res.returncode != 0:
             return f"W = 2 with NCCL dense: FAILED to run: {res.stderr[-1500:]}"

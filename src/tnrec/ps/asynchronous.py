@@ -402,12 +402,7 @@ class AsyncPS:
                 state that is not one value per parameter element (or a scalar),
                 or the model is not on the CPU (the dense server is on the host).
         """
-        off_host = sorted({str(p.device) for p in params if p.device.type != "cpu"})
-        if off_host:
-            raise ArgumentError(
-                f"async mode keeps the dense server on the host; the model is on {off_host}. "
-                'Train a model on a device in sync mode (PsStrategy(mode="sync")).'
-            )
+        check_on_host(params)
         if len(optimizer.param_groups) != 1:
             raise ArgumentError(
                 "async mode: the dense optimizer must have one parameter group (the dense "
@@ -528,6 +523,20 @@ class AsyncPS:
 
 
 # ---------------------------------------------------------------- RPC entry points
+
+
+def check_on_host(params: list[torch.nn.Parameter]) -> None:
+    """Refuse dense parameters off the CPU: async mode's dense server is on the host.
+
+    Raises:
+        ArgumentError: a parameter is on another device (named).
+    """
+    off_host = sorted({str(p.device) for p in params if p.device.type != "cpu"})
+    if off_host:
+        raise ArgumentError(
+            f"async mode keeps the dense server on the host; the model is on {off_host}. "
+            'Train a model on a device in sync mode (PsStrategy(mode="sync")).'
+        )
 
 
 def _server(ps_id: int) -> AsyncPS:

@@ -159,7 +159,7 @@ def grid_rows(
     memo = (id(dict_keys), id(rows) if isinstance(rows, np.ndarray) else "all")
     pos = found.get(memo)
     if pos is None:
-        pos = find_rows(dict_keys, index, np.ascontiguousarray(grid_keys[rows]).reshape(-1))
+        pos = find_rows(dict_keys, index, grid_keys[rows].reshape(-1))
         pos[~present[rows].reshape(-1)] = -1  # [C*B]; no key where no value
         found[memo] = pos
     out = np.empty((pos.shape[0], weights.shape[1]), np.float32)  # [C*B, D]

@@ -118,3 +118,14 @@ def test_a_cuda_model_sums_on_a_second_group_on_its_device(requested, want):
     assert (group, str(where)) == want
     dense.channel(torch.device("cuda", 1))
     assert comm.asked == [want[0].split()[0]]  # one group, created at the first use
+
+
+def test_async_mode_refuses_a_model_off_the_host():
+    from tnrec.ps.asynchronous import check_on_host
+
+    check_on_host(list(torch.nn.Linear(2, 2).parameters()))
+    on_meta = list(torch.nn.Linear(2, 2, device="meta").parameters())  # any device but the CPU
+    with pytest.raises(
+        ArgumentError, match=r"dense server on the host; the model is on \['meta'\]"
+    ):
+        check_on_host(on_meta)
