@@ -18,7 +18,8 @@ Model: ``tnrec.models.DeepFM`` on ``tn.data.criteo_columns()`` (26 categorical
 columns, 13 dense features), dimension 16, MLP ``--hidden`` (default 256-128),
 sparse Ftrl and dense Adam as ``bench/synthetic_quality.py`` sets them for the
 per-worker batch ``--batch`` (default 512; a sync step trains W of them, an
-async step one), the same in both modes. Every run is a fresh ``torchrun``
+async step one), the same in both modes (``--async-beta1`` sets the dense
+Adam's beta1 of the async runs alone). Every run is a fresh ``torchrun``
 launch on 127.0.0.1 (gloo, and torch RPC in async mode), one intra-op thread
 per worker; the launch's start-up and the evaluation are outside the figures.
 
@@ -83,11 +84,12 @@ STRAGGLER_TARGET = 1.6
 # --------------------------------------------------------------------------- worker
 
 
-def _optimizers(batch: int):
-    """Ftrl and Adam of bench/synthetic_quality.py's DeepFM, for a worker batch of ``batch``."""
+def _optimizers(batch: int, beta1: float = 0.9):
+    """Ftrl and Adam of bench/synthetic_quality.py's DeepFM, for a worker batch of ``batch``;
+    ``beta1``: the dense Adam's."""
     from tnrec.optimizer import Adam, Ftrl
 
-    return Ftrl(0.05, beta=4.096 / batch, l1=0.0, l2=40.96 / batch), Adam(0.001)
+    return Ftrl(0.05, beta=4.096 / batch, l1=0.0, l2=40.96 / batch), Adam(0.001, beta1=beta1)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -126,7 +128,8 @@ def worker(args: argparse.Namespace) -> None:
     strategy = tn.distribute.PsStrategy(timeout_s=300, mode=args.mode, staleness=args.k)
     rank, world = strategy.rank, strategy.world_size
     cols = tn.data.criteo_columns()
-    sparse_opt, dense_opt = _optimizers(args.opt_batch or args.batch)
+    beta1 = args.async_beta1 if args.mode == "async" else 0.9
+    sparse_opt, dense_opt = _optimizers(args.opt_batch or args.batch, beta1)
     torch.manual_seed(0)
     model = DeepFM(
         cols,
@@ -244,6 +247,8 @@ def launch(
         str(batch or a.batch),
         "--opt-batch",
         str(a.batch),
+        "--async-beta1",
+        str(a.async_beta1),
         "--hidden",
         *map(str, a.hidden),
         "--train",
@@ -469,6 +474,12 @@ def main() -> None:
     p.add_argument("--uneven-k", type=int, nargs="+", help="async k of the uneven runs (default 4)")
     p.add_argument("--no-uneven", action="store_true", help="skip the uneven-data runs")
     p.add_argument("--json", help="write every run's figures here")
+    p.add_argument(
+        "--async-beta1",
+        type=float,
+        default=0.9,
+        help="the dense Adam's beta1 in the async runs (sync runs keep 0.9)",
+    )
     add_strict_flag(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for flag in ("--mode", "--train", "--test", "--out"):
