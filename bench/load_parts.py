@@ -6,7 +6,7 @@ write), then times, each on its own, in the load's chunks:
 
 * checksum: every saved file's bytes (already in memory) through XXH3 (what a
   save records, :mod:`tnrec._fileio.digest`), one thread, and through
-  ``hashlib``'s sha256 (what older saves recorded) for comparison;
+  ``hashlib``'s sha256 for comparison;
 * index: the keys of ``keys.npy`` put into a new table's reserved index
   (``rows_for(keys, new=True)``, the load's call), and the reserve itself;
 * records: the columns written into the rows (``write_blocks``, the load's
