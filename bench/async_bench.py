@@ -35,7 +35,8 @@ Runs, per W in ``--worlds``:
   ``sync``;
 * the same with a straggler: the last rank sleeps X ms after each of its steps
   (a ``tn.callbacks.Callback``), X = 0.5x and 2x the sync step time measured
-  in this W's sync run without a straggler;
+  in this W's sync run without a straggler (``--stragglers`` picks which of
+  ``none``, ``0.5x``, ``2x`` run; the two sync baselines always run);
 * uneven data: rank 0 reads 3x the rows of every other rank (per-rank files cut
   from day 1; the same rows in all), sync and async at each ``k`` of
   ``--uneven-k`` (default 4): the epoch's wall time.
@@ -473,6 +474,13 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: W=2, k=4, 16,000 rows")
     p.add_argument("--uneven-k", type=int, nargs="+", help="async k of the uneven runs (default 4)")
     p.add_argument("--no-uneven", action="store_true", help="skip the uneven-data runs")
+    p.add_argument(
+        "--stragglers",
+        nargs="+",
+        choices=("none", "0.5x", "2x"),
+        default=["none", "0.5x", "2x"],
+        help="the straggler settings to run (default all three)",
+    )
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument(
         "--async-beta1",
@@ -536,11 +544,14 @@ def main() -> None:
         for world in a.worlds:
             base = run(world, "sync", 0, 0.0, "none", data["train"], runs)
             run(world, "sync", 0, 0.0, "none", data["train"], runs, a.batch // world)
-            for k in a.staleness:
-                run(world, "async", k, 0.0, "none", data["train"], runs)
+            if "none" in a.stragglers:
+                for k in a.staleness:
+                    run(world, "async", k, 0.0, "none", data["train"], runs)
             if "error" not in base:
                 step_ms = base["fig"]["step_ms"]
                 for name, factor in (("0.5x", 0.5), ("2x", 2.0)):
+                    if name not in a.stragglers:
+                        continue
                     run(world, "sync", 0, factor * step_ms, name, data["train"], runs)
                     for k in a.staleness:
                         run(world, "async", k, factor * step_ms, name, data["train"], runs)
