@@ -21,11 +21,12 @@ from tnrec.serving.graph import load_graph, load_program
 
 
 def load_graph_on(fname: str, device: torch.device) -> Any:
-    """The dense graph of ``fname`` as a module on ``device`` (the CPU: :func:`load_graph`).
+    """The dense graph of ``fname`` on ``device`` (the CPU: :func:`load_graph`'s
+    :class:`~tnrec.serving.graph.FlatGraph`).
 
     Off the CPU the exported program is moved before it becomes a module, so
-    its parameters, buffers, constants and the devices its ops name all move.
-    Not run on a GPU here.
+    its parameters, buffers, constants and the devices its ops name all move;
+    the module checks every call's arguments. Not run on a GPU here.
 
     Raises:
         CheckpointError: the file is missing or damaged (names it).

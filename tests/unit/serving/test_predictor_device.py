@@ -56,7 +56,7 @@ def test_the_graph_and_its_inputs_move_off_the_cpu(custom_export):
     tensors = [*graph.parameters(), *graph.buffers()]
     assert tensors and {t.device.type for t in tensors} == {"meta"}
     cpu = load_graph_on(_fileio.join(custom_export, GRAPH), torch.device("cpu"))
-    assert {p.device.type for p in cpu.parameters()} == {"cpu"}
+    assert {p.device.type for p in cpu.module.parameters()} == {"cpu"}
 
 
 @pytest.mark.parametrize(
