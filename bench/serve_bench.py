@@ -133,7 +133,7 @@ def in_process(
         if b * windows > held_out.num_rows:
             raise SystemExit(f"--windows {windows} x batch {b} > {held_out.num_rows} held-out rows")
         inputs = [_inputs(held_out.slice(w * b, b), form) for w in range(windows)]
-        args = [_graph_args(p, x) for x in inputs]
+        args = [p.graph_inputs(x) for x in inputs]
         want = [p.predict(x) for x in inputs]  # warm-up, and the answer the graph must give
 
         def predictor(w: int, inputs: list[Any] = inputs) -> Any:
@@ -153,18 +153,6 @@ def in_process(
             pt += _time_calls(predictor, windows, duration_s / rounds / 2, max_calls)
         out.append({"batch": b, **_stats(pt, b, ""), **_stats(gt, b, "graph_")})
     return out
-
-
-def _graph_args(p: Any, rows: Any) -> list[Any]:
-    """The dense graph's arguments for ``rows``, as ``p.predict`` computes them."""
-    seen: list[Any] = []
-    run = p._run
-    p._run = lambda args, B: seen.append(args) or run(args, B)
-    try:
-        p.predict(rows)
-    finally:
-        del p._run
-    return list(seen[0])
 
 
 def _stats(times: list[float], batch: int, prefix: str) -> dict[str, float]:

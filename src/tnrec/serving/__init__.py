@@ -461,25 +461,42 @@ class Predictor:
             TableKeyError: a key of the rows belongs to a shard this Predictor
                 did not load (``shards``).
         """
+        B, args = self._graph_inputs(rows)
+        if B == 0:
+            return self._empty()
+        outs = self._run(inputs_to(args, self.device), B)  # the CPU: args as they are
+        result = {}
+        for head, output in zip(self.heads, outs, strict=True):
+            result[head["name"]] = PREDICTIONS[head["prediction"]](to_host(output)).numpy()
+        return result[""] if list(result) == [""] else result
+
+    def graph_inputs(self, rows: Any) -> list[torch.Tensor]:
+        """Return the dense graph's arguments for ``rows``, on the host, as :meth:`predict`
+        computes them (``self.graph(*args)`` is its graph call; none for no rows).
+
+        Raises:
+            DataError: as :meth:`predict`.
+            TableKeyError: as :meth:`predict`.
+        """
+        return self._graph_inputs(rows)[1]
+
+    def _graph_inputs(self, rows: Any) -> tuple[int, list[torch.Tensor]]:
+        """``(B, the graph's arguments)`` of ``rows``: hashed, looked up and pooled."""
         fast = _fast_inputs(self._fast, rows) if self._fast is not None else None
         if fast is not None:
-            B, grid_keys, grid_present, dense = fast
+            B, _, _, dense = fast
         else:
             batch = self._batch(rows)
             B, dense = batch.size, batch.dense
             if B == 0:
-                return self._empty()
+                return 0, []
         values = self._values(fast[1:3] if fast is not None else batch, B)
         args: list[torch.Tensor] = []
         for i in range(len(self.inputs)):
             v = values[i]
             args.extend(v if isinstance(v, tuple) else (v,))
         args.append(torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)))
-        outs = self._run(inputs_to(args, self.device), B)  # the CPU: args as they are
-        result = {}
-        for head, output in zip(self.heads, outs, strict=True):
-            result[head["name"]] = PREDICTIONS[head["prediction"]](to_host(output)).numpy()
-        return result[""] if list(result) == [""] else result
+        return B, args
 
     def _values(self, rows: Any, B: int) -> dict[int, Any]:
         """The graph input of every table's input, from the fast path's key grid

@@ -8,6 +8,7 @@ import torch
 from tests.unit.export.export_common import raw_rows, train_custom
 from tnrec import _fileio
 from tnrec.export import GRAPH
+from tnrec.losses import PREDICTIONS
 from tnrec.serving import Predictor
 from tnrec.serving.graph import FlatGraph, load_program
 
@@ -16,18 +17,6 @@ from tnrec.serving.graph import FlatGraph, load_program
 def custom_export(tmp_path_factory):
     """Two heads, sequences, pooled and cvm inputs: every kind of graph input."""
     return train_custom().export(str(tmp_path_factory.mktemp("custom") / "exp"))
-
-
-def _graph_args(p, rows):
-    """The dense graph's arguments of ``p.predict(rows)``."""
-    seen = []
-    run = p._run
-    p._run = lambda args, B: seen.append(args) or run(args, B)
-    try:
-        p.predict(rows)
-    finally:
-        del p._run
-    return list(seen[0])
 
 
 def test_after_the_first_call_the_graph_runs_directly_and_answers_the_same(custom_export):
@@ -43,7 +32,7 @@ def test_after_the_first_call_the_graph_runs_directly_and_answers_the_same(custo
         got, want = p.predict(rows), again.predict(rows)
         for head in ("ctr", "cvr"):
             np.testing.assert_array_equal(got[head], want[head])
-        args = _graph_args(p, rows)
+        args = p.graph_inputs(rows)
         with torch.no_grad():
             direct, checked = p.graph(*args), p.graph.module(*args)
         assert len(direct) == len(checked) == 2
@@ -53,7 +42,7 @@ def test_after_the_first_call_the_graph_runs_directly_and_answers_the_same(custo
 
 def test_a_direct_call_that_answers_differently_keeps_the_checked_module(custom_export):
     p = Predictor(custom_export)
-    args = _graph_args(Predictor(custom_export), raw_rows(4, 2))
+    args = Predictor(custom_export).graph_inputs(raw_rows(4, 2))
     p.graph._graph = lambda *a: tuple(torch.zeros(4) for _ in range(2))  # a wrong answer
     with torch.no_grad():
         out = p.graph(*args)
@@ -102,3 +91,18 @@ def test_the_direct_graph_holds_the_programs_weights(custom_export):
     g = FlatGraph(program)
     weights = {id(t) for t in program.state_dict.values()}
     assert weights and weights <= {id(t) for t in g._lifted}
+
+
+def test_graph_inputs_are_what_predict_runs(custom_export):
+    p = Predictor(custom_export)
+    assert p.graph_inputs([]) == []
+    rows = raw_rows(7, 5)
+    args = p.graph_inputs(rows)
+    assert all(isinstance(a, torch.Tensor) and a.shape[0] == 7 for a in args)
+    with torch.no_grad():
+        outs = p.graph(*args)
+    got = p.predict(rows)
+    assert [h["name"] for h in p.heads] == ["ctr", "cvr"]
+    for head, out in zip(p.heads, outs, strict=True):
+        want = PREDICTIONS[head["prediction"]](out).numpy()
+        np.testing.assert_array_equal(got[head["name"]], want)
