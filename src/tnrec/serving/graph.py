@@ -31,8 +31,9 @@ class FlatGraph:
     lifted parameters, buffers and constants before the arguments; when the
     two answers are the same tensors, bit for bit, the later calls run the
     graph directly. A program whose graph takes a lifted input after an
-    argument, writes a buffer (in place or as an extra output), or whose two
-    answers differ, keeps running the checked module.
+    argument, writes one of its inputs (a buffer updated in place, or returned
+    as an extra output), or whose two answers differ, keeps running the
+    checked module. After the first call, arguments are not checked.
     Called under ``torch.no_grad()``.
     """
 
@@ -46,7 +47,7 @@ class FlatGraph:
         users = 0
         sig = program.graph_signature
         self._direct: bool | None = None  # None: not decided before the first call
-        if not all(o.kind == OutputKind.USER_OUTPUT for o in sig.output_specs) or _mutates(
+        if not all(o.kind == OutputKind.USER_OUTPUT for o in sig.output_specs) or _writes_an_input(
             program.graph_module
         ):
             self._direct = False
@@ -71,13 +72,50 @@ class FlatGraph:
         return out
 
 
-def _mutates(graph: torch.fx.GraphModule) -> bool:
-    """Whether an op of ``graph`` writes one of its inputs (a buffer updated in place)."""
+def _writes_an_input(graph: torch.fx.GraphModule) -> bool:
+    """Whether an op of ``graph`` writes in place into one of its inputs (a parameter, a
+    buffer, a constant or an argument), directly or through a view of it. Writes into
+    the graph's own intermediate tensors (``ReLU(inplace=True)``) do not count."""
     for node in graph.graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is not None and schema.is_mutable:
-            return True
+        schema = _schema(node)
+        if schema is None or not schema.is_mutable:
+            continue
+        for value, arg in _args(node, schema):
+            if arg.alias_info is not None and arg.alias_info.is_write and _aliases_input(value):
+                return True
     return False
+
+
+def _schema(node: torch.fx.Node) -> Any:
+    return getattr(node.target, "_schema", None) if node.op == "call_function" else None
+
+
+def _args(node: torch.fx.Node, schema: Any) -> list[tuple[Any, Any]]:
+    """``(value, schema argument)`` of each argument ``node`` passes."""
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            out.append((node.args[i], arg))
+        elif arg.name in node.kwargs:
+            out.append((node.kwargs[arg.name], arg))
+    return out
+
+
+def _aliases_input(value: Any) -> bool:
+    """Whether ``value`` (a node, or a list of them) may share memory with an input of its
+    graph: a placeholder, a module attribute, or a view or in-place result of one."""
+    if isinstance(value, (list, tuple)):
+        return any(_aliases_input(v) for v in value)
+    if not isinstance(value, torch.fx.Node):
+        return False
+    if value.op in ("placeholder", "get_attr"):
+        return True
+    schema = _schema(value)
+    if schema is None:  # getitem of a multi-output op, or another callable: follow its inputs
+        return any(_aliases_input(v) for v in (*value.args, *value.kwargs.values()))
+    if all(r.alias_info is None for r in schema.returns):
+        return False  # a new tensor
+    return any(_aliases_input(v) for v, arg in _args(value, schema) if arg.alias_info is not None)
 
 
 def _same_tensors(out: Any, direct: Any) -> bool:

@@ -62,16 +62,34 @@ def test_a_direct_call_that_answers_differently_keeps_the_checked_module(custom_
 
 
 class _Counts(torch.nn.Module):
-    """A graph that writes a buffer in place."""
+    """A graph that writes a buffer in place, through a view of it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(3, 1)
-        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("calls", torch.zeros(2))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-        self.calls.add_(1)
+        self.calls.view(2, 1).add_(1)
         return (self.lin(x).squeeze(-1),)
+
+
+class _WritesItsArgument(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        x.relu_()
+        return (x.sum(-1),)
+
+
+class _InplaceRelu(torch.nn.Module):
+    """In-place ops on the graph's own intermediate tensors only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 4)
+        self.relu = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.relu(self.lin(x)).sum(-1),)
 
 
 def test_a_program_that_writes_a_buffer_always_runs_the_checked_module():
@@ -83,7 +101,28 @@ def test_a_program_that_writes_a_buffer_always_runs_the_checked_module():
         out = g(x)
         again = g(x)
     assert g._direct is False and torch.equal(out[0], again[0])
-    assert float(g.module.calls) == 2  # both calls ran the module
+    assert g.module.calls.tolist() == [2.0, 2.0]  # both calls ran the module
+
+
+def test_a_program_that_writes_its_argument_always_runs_the_checked_module():
+    g = FlatGraph(torch.export.export(_WritesItsArgument(), (torch.randn(2, 3),)))
+    assert g._direct is False
+    x = torch.tensor([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]])
+    with torch.no_grad():
+        (out,) = g(x.clone())
+    assert g._direct is False and out.tolist() == [2.0, 10.0]
+
+
+def test_in_place_ops_on_intermediates_keep_the_direct_call():
+    torch.manual_seed(0)
+    module = _InplaceRelu().eval()
+    g = FlatGraph(torch.export.export(module, (torch.randn(2, 3),)))
+    assert g._direct is None
+    with torch.no_grad():
+        for x in (torch.randn(2, 3), torch.randn(2, 3)):
+            (out,) = g(x)
+            assert torch.equal(out, module(x)[0])
+    assert g._direct is True
 
 
 def test_the_direct_graph_holds_the_programs_weights(custom_export):
