@@ -15,7 +15,10 @@ columns), exports it, and measures, with 1 torch thread:
   ``--form table``: a pyarrow Table) -- hashing, dictionary lookup, pooling and
   the dense graph, timed call by call;
 * **graph**: the export's dense graph alone on the same rows, its inputs
-  computed beforehand (the floor a Predictor call can reach).
+  computed beforehand (the floor a Predictor call can reach), called as the
+  Predictor calls it; for the exported program, also through
+  ``ExportedProgram.module()``, which checks its arguments on every call (the
+  Predictor calls it once, :class:`tnrec.serving.graph.FlatGraph`).
 
 Each batch size cycles through ``--windows`` different slices of the held-out
 rows, so a call does not see the previous call's rows in cache. The Predictor
@@ -117,7 +120,10 @@ def in_process(
 
     Returns:
         One dict a batch size: ``batch``, ``p50_ms``, ``p99_ms``, ``rows_per_s``
-        (Predictor), ``graph_p50_ms``, ``graph_p99_ms``, ``graph_rows_per_s``.
+        (Predictor), ``graph_p50_ms``, ``graph_p99_ms``, ``graph_rows_per_s``, and for
+        the exported graph ``module_p50_ms`` ... : the same graph called through
+        ``ExportedProgram.module()``, which checks its arguments on every call (what
+        :class:`tnrec.serving.graph.FlatGraph` calls once).
     """
     import torch
 
@@ -128,6 +134,7 @@ def in_process(
     if aot and p.graph_kind != "aot":
         raise SystemExit(f"--aot: the dense graph could not be compiled: {p.aot_error}")
     held_out = pq.read_table(data).select(p.required)
+    module = getattr(p.graph, "module", None)  # the exported graph's checking module
     out = []
     for b in batches:
         if b * windows > held_out.num_rows:
@@ -143,15 +150,23 @@ def in_process(
             with torch.no_grad():
                 return p.graph(*args[w])
 
+        def checked(w: int, args: list[list[torch.Tensor]] = args, module: Any = module) -> Any:
+            with torch.no_grad():
+                return module(*args[w])
+
         for w in range(windows):
             got = torch.sigmoid(graph(w)[0]).numpy()
             np.testing.assert_array_equal(got, want[w])  # the Predictor runs the same graph
         pt: list[float] = []
         gt: list[float] = []
+        mt: list[float] = []
         for _ in range(rounds):
             gt += _time_calls(graph, windows, duration_s / rounds / 2, max_calls)
             pt += _time_calls(predictor, windows, duration_s / rounds / 2, max_calls)
-        out.append({"batch": b, **_stats(pt, b, ""), **_stats(gt, b, "graph_")})
+            if module is not None:
+                mt += _time_calls(checked, windows, duration_s / rounds / 4, max_calls)
+        mod = _stats(mt, b, "module_") if mt else {}
+        out.append({"batch": b, **_stats(pt, b, ""), **_stats(gt, b, "graph_"), **mod})
     return out
 
 
@@ -169,15 +184,16 @@ def print_in_process(results: list[dict[str, float]]) -> None:
     """Print the in-process figures as a markdown table."""
     print(
         "| batch | Predictor p50 ms | p99 ms | rows/s | graph p50 ms | p99 ms | rows/s "
-        "| Predictor / graph rows/s | calls |"
+        "| Predictor / graph rows/s | graph through module() p50 ms | calls |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
+        module = f"{r['module_p50_ms']:.3f}" if "module_p50_ms" in r else "-"
         print(
             f"| {r['batch']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
             f"{r['rows_per_s']:,.0f} | {r['graph_p50_ms']:.3f} | {r['graph_p99_ms']:.3f} | "
             f"{r['graph_rows_per_s']:,.0f} | {r['rows_per_s'] / r['graph_rows_per_s']:.0%} | "
-            f"{r['calls']:.0f} + {r['graph_calls']:.0f} |"
+            f"{module} | {r['calls']:.0f} + {r['graph_calls']:.0f} |"
         )
 
 

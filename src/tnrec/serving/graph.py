@@ -23,8 +23,9 @@ class FlatGraph:
     """An exported program called on its flat tensor arguments, as the Predictor calls it.
 
     ``program.module()`` flattens its arguments with pytree and checks them
-    against the program's input constraints on every call: for DeepFM about
-    0.24 ms of a 0.39 ms call at batch 1. The Predictor builds the same
+    against the program's input constraints on every call: for DeepFM at batch
+    1 a call takes 0.42 ms that way and 0.16 ms directly (``python
+    bench/serve_bench.py``, 2-core machine). The Predictor builds the same
     arguments for every call (the manifest's shapes, only the batch varies,
     and it is at least 1). So the first call goes through the checked module
     (:attr:`module`) and also runs the program's graph directly, with its
