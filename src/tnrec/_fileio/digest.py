@@ -3,8 +3,7 @@
 A digest string names its algorithm: ``"xxh3:<16 hex digits>"`` is XXH3's
 64-bit hash (seed 0, the default secret) of the file's bytes, what
 ``xxhsum -H3`` prints; 64 bare hex digits are its sha256 (what every manifest
-other than a table's ``table.json`` uses, and what a ``table.json`` written by
-an older tnrec lists).
+other than a table's ``table.json`` uses; a ``table.json`` may list either).
 :func:`new_digest` starts the algorithm of a digest it is given, so a reader
 checks a file with whichever algorithm its manifest names.
 

@@ -1,5 +1,5 @@
 """XXH3 file checksums: the published value, streamed in any pieces, and saved tables that
-list sha256 digests (older saves) or XXH3 ones."""
+list sha256 digests or XXH3 ones."""
 
 import hashlib
 import json
