@@ -442,8 +442,9 @@ class Predictor:
         """Return the predictions for ``rows`` (``float32[B]``; a dict by head for several heads).
 
         ``rows`` is a list of dicts (a key absent from a row reads as a missing
-        value), a dict of equal-length columns, a pyarrow Table or a pandas
-        DataFrame. Values read as the training readers read them: None and NaN
+        value), a dict of equal-length columns, a pyarrow Table or RecordBatch
+        (the fastest form: its columns are hashed from their buffers) or a
+        pandas DataFrame. Values read as the training readers read them: None and NaN
         are missing (a numeric column's default; a categorical column adds no
         key), a categorical column may hold lists (several keys), a numeric
         column may hold numeric text. No rows give empty ``float32[0]``

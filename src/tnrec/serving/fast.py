@@ -34,7 +34,9 @@ from tnrec.feature_column.arrow import _string_buffers
 # (string, int64, int64/double, or all null) and every number is finite, so its
 # keys and features equal the readers' bit for bit; anything else (lists,
 # bytes, bools, numeric text, absent keys, bad values) returns None and the
-# general path reads the rows, or names the bad value.
+# general path reads the rows, or names the bad value. A pyarrow Table or
+# RecordBatch needs no conversion: its columns of each kind are concatenated
+# and hashed from their buffers, under the same rules on types and values.
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None
         B = lengths.pop() if len(lengths) == 1 else -1
         if B <= 0:
             return None
+    elif isinstance(rows, (pa.Table, pa.RecordBatch)):
+        return _arrow_inputs(plan, rows)
     else:
         return None
     row_major = type(rows) is list
@@ -128,6 +132,64 @@ def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None
             vals.view(np.uint64), valid, plan.int_hashes, plan.int_rows, B, row_major, keys, present
         )
     dense = _fast_dense(plan, nums, B, row_major)
+    return None if dense is None else (B, keys.view(np.int64), present, dense)
+
+
+def _arrow_inputs(plan: _FastPlan, rows: pa.Table | pa.RecordBatch) -> Any:
+    """:func:`_fast_inputs` of a pyarrow Table or RecordBatch, read from its buffers.
+
+    Each kind's columns are concatenated into one array, column after column,
+    so one kernel call hashes every categorical column of a kind. Takes the
+    table only if every column the model reads is there once and has the type
+    the list path accepts (string, int64, int64/double, or null).
+    """
+    B = rows.num_rows
+    if B == 0:
+        return None
+
+    def kind(keys: tuple[str, ...], ok: Callable[[pa.DataType], bool], to: pa.DataType) -> Any:
+        arrays = []
+        for key in keys:
+            at = rows.schema.get_field_index(key)  # -1: absent, or there twice
+            if at < 0:
+                return None
+            col = rows.column(at)
+            if isinstance(col, pa.ChunkedArray):
+                col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            if not ok(col.type):
+                return None
+            arrays.append(col.cast(to, safe=False) if col.type != to else col)
+        return pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
+
+    def is_null(t: pa.DataType) -> bool:
+        return bool(pa.types.is_null(t))
+
+    def of_type(*ts: pa.DataType) -> Callable[[pa.DataType], bool]:
+        return lambda t: is_null(t) or t in ts
+
+    keys = np.empty((plan.num_sparse, B), np.uint64)  # [S, B]
+    present = np.empty((plan.num_sparse, B), np.bool_)  # [S, B]
+    if plan.str_keys:
+        strs = kind(plan.str_keys, of_type(pa.string()), pa.string())
+        if strs is None:
+            return None
+        offs, data, valid = _string_buffers(strs)
+        _hash_str_grid(offs, data, valid, plan.str_hashes, plan.str_rows, B, False, keys, present)
+    if plan.int_keys:
+        ints = kind(plan.int_keys, of_type(pa.int64()), pa.int64())
+        if ints is None:
+            return None
+        valid = np.asarray(ints.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+        vals = ints.fill_null(0).to_numpy(zero_copy_only=False)
+        _hash_int_grid(
+            vals.view(np.uint64), valid, plan.int_hashes, plan.int_rows, B, False, keys, present
+        )
+    nums = None
+    if plan.num_keys:
+        nums = kind(plan.num_keys, of_type(pa.int64(), pa.float64()), pa.float64())
+        if nums is None:
+            return None
+    dense = _fast_dense(plan, nums, B, False)
     return None if dense is None else (B, keys.view(np.int64), present, dense)
 
 

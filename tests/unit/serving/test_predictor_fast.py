@@ -240,6 +240,89 @@ def test_missing_column_and_row_not_a_dict(tiny_fast):
         tiny_fast.predict([{"u": 1, "s": "a", "x": 1.0}, None])
 
 
+# ---------------------------------------------------------------- Arrow input
+
+
+def _arrow(rows, chunks=1):
+    """``rows`` as a pyarrow Table in ``chunks`` record batches, columns in reverse order
+    beside a column the model does not read."""
+    table = pa.Table.from_pylist([{"extra": 1, **r} for r in rows])
+    table = table.select(list(reversed(table.column_names)))
+    size = -(-len(rows) // chunks)
+    return pa.concat_tables(table.slice(i, size) for i in range(0, len(rows), size))
+
+
+def test_arrow_tables_and_record_batches_take_the_fast_path(fast):
+    rows = features(wide_rows(500, 11, unseen=True))
+    rows[0].update(u=I64[0], d=0)
+    rows[1].update(u=I64[1], b=-(2**53), c=None, s="", t=None)
+    want = general(fast).predict(rows)
+    np.testing.assert_array_equal(fast.predict(rows), want)
+    one = _arrow(rows)
+    several = _arrow(rows, chunks=3)  # chunked columns
+    assert several.column("s").num_chunks == 3
+    sliced = _arrow(features(wide_rows(40, 12)) + rows).slice(40)  # buffers at an offset
+    batch = one.to_batches()[0]
+    for table in (one, several, sliced, batch):
+        assert _fast_inputs(fast._fast, table) is not None, "the fast path did not take it"
+        np.testing.assert_array_equal(fast.predict(table), want)
+        np.testing.assert_array_equal(general(fast).predict(table), want)
+
+
+@pytest.mark.parametrize(
+    ("column", "values"),
+    [
+        ("u", pa.nulls(3)),
+        ("s", pa.nulls(3)),
+        ("a", pa.nulls(3)),
+        ("a", pa.array([3, None, -7])),
+        ("d", pa.array([1.5, math.nan, -0.0])),
+    ],
+    ids=["int-null-type", "str-null-type", "num-null-type", "num-int64", "num-double-nan"],
+)
+def test_arrow_columns_of_each_kind_equal_the_general_path(fast, column, values):
+    table = _arrow(features(wide_rows(3, 13)))
+    table = table.set_column(table.schema.get_field_index(column), column, values)
+    assert _fast_inputs(fast._fast, table) is not None
+    np.testing.assert_array_equal(fast.predict(table), general(fast).predict(table))
+
+
+@pytest.mark.parametrize(
+    ("column", "values"),
+    [
+        pytest.param("s", pa.array(["s1", None, "é"], pa.large_string()), id="large-string"),
+        pytest.param("s", pa.array(["s1", "s2", "s1"]).dictionary_encode(), id="dictionary"),
+        pytest.param("u", pa.array([1, None, 3], pa.int32()), id="int32"),
+        pytest.param("a", pa.array([1.5, None, 2.0], pa.float32()), id="float32"),
+        pytest.param("u", pa.array([[1], [2, 3], []]), id="lists"),
+    ],
+)
+def test_arrow_columns_of_other_types_fall_back_to_the_general_path(fast, column, values):
+    table = _arrow(features(wide_rows(3, 14)))
+    table = table.set_column(table.schema.get_field_index(column), column, values)
+    assert _fast_inputs(fast._fast, table) is None
+    np.testing.assert_array_equal(fast.predict(table), general(fast).predict(table))
+
+
+def test_arrow_edges_no_rows_missing_column_bad_value(tiny_fast):
+    rows = [{"u": 1, "s": "a", "x": 0.5}, {"u": 2, "s": "b", "x": 1.5}, {"u": 3, "s": None, "x": 2}]
+    table = pa.Table.from_pylist(rows)
+    sliced = table.slice(1)  # one column of each kind, at an offset
+    assert _fast_inputs(tiny_fast._fast, sliced) is not None
+    np.testing.assert_array_equal(tiny_fast.predict(sliced), general(tiny_fast).predict(sliced))
+    got = tiny_fast.predict(table.slice(0, 0))
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.shape == (0,)
+    with pytest.raises(DataError, match=r"the rows lack feature columns \['x'\]"):
+        tiny_fast.predict(table.drop_columns(["x"]))
+    twice = pa.table([table.column("u"), table.column("s"), table.column("x"), table.column("x")],
+                     names=["u", "s", "x", "x"])  # fmt: skip
+    assert _fast_inputs(tiny_fast._fast, twice) is None
+    bad = table.set_column(2, "x", pa.array([0.5, math.inf, 2.0]))
+    assert _fast_inputs(tiny_fast._fast, bad) is None
+    with pytest.raises(DataError, match=r"^Predictor\.predict: .*value inf is not a finite number"):
+        tiny_fast.predict(bad)
+
+
 # ---------------------------------------------------------------- the key index
 
 
