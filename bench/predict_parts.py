@@ -16,7 +16,8 @@ body decodes to), cycling through ``--windows`` slices, the median of
 * the numeric features (``serving.fast._fast_dense``), the hashing of the
   strings (``serving.fast._hash_str_grid``);
 * the whole key grid and features (``serving.fast._fast_inputs``, the above
-  together), the lookups and pooling (``Predictor._values``);
+  together), the same from the rows as a pyarrow Table, the lookups and
+  pooling (``Predictor._values``);
 * the dense graph alone (as the Predictor calls it), and ``predict`` whole.
 
 Usage::
@@ -87,7 +88,8 @@ def main() -> None:
         held_out = pq.read_table(data).select(p.required)
         if B * W > held_out.num_rows:
             raise SystemExit(f"--windows {W} x --batch {B} > {held_out.num_rows} held-out rows")
-        rows = [held_out.slice(w * B, B).to_pylist() for w in range(W)]
+        tables = [held_out.slice(w * B, B) for w in range(W)]
+        rows = [t.to_pylist() for t in tables]
         strs = [_flat(r, plan.str_keys) for r in rows]
         nums = [_flat(r, plan.num_keys) for r in rows]
         str_arrays = [pa.array(s) for s in strs]
@@ -122,6 +124,8 @@ def main() -> None:
             ("numeric features (_fast_dense)", lambda w: _fast_dense(plan, num_arrays[w], B, True)),
             ("hash the strings (_hash_str_grid)", hash_strings),
             ("key grid and features, whole (_fast_inputs)", lambda w: _fast_inputs(plan, rows[w])),
+            ("key grid and features of a pyarrow Table (_fast_inputs)",
+             lambda w: _fast_inputs(plan, tables[w])),
             ("lookups and pooling (Predictor._values)", lambda w: p._values(fast[w][1:3], B)),
             ("dense graph alone", graph),
             ("predict, whole", lambda w: p.predict(rows[w])),
