@@ -27,6 +27,7 @@ Usage::
     python bench/table_bench.py --dims 8,16 --keys 1m,10m --out bench/out/table.json
     python bench/table_bench.py --dims 8 --keys 100m                     # dim <= 16 only
     python bench/table_bench.py --optimizers adagrad --rounds 3          # ratios: median of 3
+    python bench/table_bench.py --dims 16 --keys 10m --hugepages off     # 4 KiB pages only
 
 Defaults: dims 8, 16, 64 at 1M keys, plus dim 8 at 10M keys. torch runs with
 its default thread count and tnrec's table kernels with theirs
@@ -512,6 +513,15 @@ def report(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _thp_mode() -> str:
+    """The kernel's transparent huge page mode, as ``/sys`` gives it (``[madvise]``: on request)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "kernel: " + f.read().strip()
+    except OSError:
+        return "kernel: unknown"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dims", default="8,16,64", help="comma-separated dims (default 8,16,64)")
@@ -536,6 +546,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in seconds")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     p.add_argument("--timeout-s", type=float, default=900.0, help="limit per measurement")
+    p.add_argument(
+        "--hugepages",
+        choices=("default", "on", "off"),
+        default="default",
+        help="whether numpy asks the kernel for transparent huge pages for arrays of 4 MiB "
+        "or more, the table's row chunks and index among them (default: numpy's own choice, "
+        "on where the kernel allows it)",
+    )
     add_strict_flag(p)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -561,6 +579,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
         spec = json.loads(args.worker)
+        if spec.get("hugepages", "default") != "default":
+            from numpy._core import multiarray
+
+            multiarray._set_madvise_hugepage(spec["hugepages"] == "on")
         print("RESULT " + json.dumps(WORKERS[spec["kind"]](spec)), flush=True)
         return 0
     plan, notes = build_plan(args)
@@ -595,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
                     "batch": args.batch,
                     "repeats": args.repeats,
                     "batches_file": batch_files[k],
+                    "hugepages": args.hugepages,
                 }
                 specs = [{**base, "kind": "tnrec", "optimizer": o} for o in args.optimizers]
                 if not args.no_torch:
@@ -620,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     check_runs(machine_runs(results), args.strict)
     print()
     print(report(results))
+    print(f"\nnumpy's transparent huge pages: {args.hugepages} ({_thp_mode()})")
     print(
         f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; over the whole run "
         f"{whole.state.summary()} (load average before/after)"
