@@ -27,7 +27,10 @@ class RawClient:
 
     IDLE_S = 4.0
 
-    def __init__(self, url: str, max_connections: int = 1000) -> None:
+    def __init__(
+        self, url: str, max_connections: int = 1000, predict_type: str = "application/json"
+    ) -> None:
+        self.predict_type = predict_type  # the content type of /v1/predict bodies
         self.host, port = url.removeprefix("http://").split(":")
         self.port = int(port)
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
@@ -42,8 +45,9 @@ class RawClient:
         return await asyncio.open_connection(self.host, self.port)
 
     async def post(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        kind = self.predict_type if path == "/v1/predict" else "application/json"
         head = (
-            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: {kind}\r\n"
             f"content-length: {len(body)}\r\n\r\n"
         ).encode()
         async with self.slots, asyncio.timeout(timeout_s):
@@ -67,13 +71,17 @@ class RawClient:
 class HttpxClient:
     """The same interface over ``httpx.AsyncClient``."""
 
-    def __init__(self, url: str, max_connections: int = 1000) -> None:
+    def __init__(
+        self, url: str, max_connections: int = 1000, predict_type: str = "application/json"
+    ) -> None:
         self.url = url
+        self.predict_type = predict_type
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=None)
         self.client = httpx.AsyncClient(limits=limits)
 
     async def post(self, path: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
-        headers = {"content-type": "application/json"}
+        kind = self.predict_type if path == "/v1/predict" else "application/json"
+        headers = {"content-type": kind}
         r = await self.client.post(
             self.url + path, content=body, headers=headers, timeout=timeout_s
         )

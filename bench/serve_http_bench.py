@@ -5,6 +5,7 @@ One command, markdown tables::
     python bench/serve_http_bench.py            # about 3 minutes on the 2-core machine
     python bench/serve_http_bench.py --quick    # about 50 s (25 s reusing --work): a smoke run
     python bench/serve_http_bench.py --work /tmp/shb   # keep (and reuse) data and exports
+    python bench/serve_http_bench.py --body arrow --batches 256,1024 --rates 20,50
 
 It generates Criteo-schema synthetic data (``tnrec.data.synthetic``: 26
 categorical, 13 numeric columns), trains a DeepFM on two days with ``tnrec
@@ -16,7 +17,8 @@ train`` and exports each day (``a`` after day 1, ``b`` after day 2). Then:
 1. **Open-loop load**, for ``--workers`` 1 and 2 (``python -m tnrec.cli serve
    a``). Requests go out on a fixed schedule (``rate`` a second) whatever the
    answers, each from its own task, ``rows`` bodies of batch 1 or 16 raw
-   test rows (JSON encoded beforehand). Latency runs from a request's
+   test rows (JSON encoded beforehand; ``--body arrow``: the rows as an Arrow
+   IPC stream, ``--batches`` for other sizes). Latency runs from a request's
    *scheduled* send time to its answer, so a client or server that falls
    behind is charged for the wait (no coordinated omission). The first
    ``--warmup-s`` are not counted.
@@ -138,13 +140,30 @@ def dictionary_bytes(export: Path) -> int:
     return sum(f.stat().st_size for f in files if f.name in ("keys.npy", "weights.npy"))
 
 
-def bodies(work: Path, batch: int) -> list[bytes]:
-    """``{"rows": [...]}`` bodies of ``batch`` raw test rows each, JSON encoded."""
+#: The content type of a predict body, by ``--body``.
+PREDICT_TYPE = {"json": "application/json", "arrow": "application/vnd.apache.arrow.stream"}
+
+
+def bodies(work: Path, batch: int, form: str = "json") -> list[bytes]:
+    """Bodies of ``batch`` raw test rows each: ``{"rows": [...]}`` JSON encoded, or (``form``
+    ``"arrow"``) the rows as an Arrow IPC stream."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     files = sorted((work / "data" / "test").glob("*.parquet"))
-    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
-    return [orjson.dumps({"rows": rows[i : i + batch]}) for i in range(0, len(rows) - batch, batch)]
+    table = pa.concat_tables(pq.read_table(f) for f in files)
+    starts = range(0, table.num_rows - batch, batch)
+    if form == "json":
+        rows = table.to_pylist()
+        return [orjson.dumps({"rows": rows[i : i + batch]}) for i in starts]
+    out = []
+    for i in starts:
+        sink = pa.BufferOutputStream()
+        part = table.slice(i, batch)
+        with pa.ipc.new_stream(sink, part.schema) as writer:
+            writer.write_table(part)
+        out.append(sink.getvalue().to_pybytes())
+    return out
 
 
 # ---------------------------------------------------------------- the server
@@ -268,10 +287,15 @@ def memory(pid: int) -> dict[str, int]:
 
 
 async def measure(
-    server: Server, kind: str, payloads: list[bytes], run: Run, reloads: tuple | None = None
+    server: Server,
+    kind: str,
+    payloads: list[bytes],
+    run: Run,
+    reloads: tuple | None = None,
+    predict_type: str = PREDICT_TYPE["json"],
 ) -> Run:
     """One open-loop run against ``server``, with reloads every ``reloads[1]`` s; CPU counted."""
-    client = CLIENTS[kind](server.url)
+    client = CLIENTS[kind](server.url, predict_type=predict_type)
     pids = server.pids()
     run.load1 = os.getloadavg()[0]
     c0, s0, m0, w0 = time.process_time(), cpu_s(pids), machine_busy_s(), time.perf_counter()
@@ -403,6 +427,12 @@ def _args() -> argparse.Namespace:
     p.add_argument("--workers", default="1,2", help="worker counts (default: 1,2)")
     p.add_argument("--rates", help="target req/s (default: 200,500,1000; quick: 500)")
     p.add_argument("--batches", default="1,16", help="rows a request (default: 1,16)")
+    p.add_argument(
+        "--body",
+        choices=sorted(PREDICT_TYPE),
+        default="json",
+        help='predict bodies: {"rows": [...]} JSON, or an Arrow IPC stream (default: json)',
+    )
     p.add_argument("--duration-s", type=float, help="counted seconds a run (default 5; quick 1)")
     p.add_argument("--warmup-s", type=float, help="uncounted seconds first (default 1; quick 0.5)")
     p.add_argument("--reloads", type=int, help="reloads under load (default 5; quick 2)")
@@ -466,7 +496,8 @@ def one_server(w: int, work: Path, exports: dict[str, Path], payloads, args) -> 
             for r in args.rates:
                 m0 = server.metrics()
                 run = Run(r, b, args.warmup_s, args.duration_s)
-                asyncio.run(measure(server, args.client, payloads[b], run))
+                kind = PREDICT_TYPE[args.body]
+                asyncio.run(measure(server, args.client, payloads[b], run, None, kind))
                 run.metrics = {k: v - m0.get(k, 0.0) for k, v in server.metrics().items()}
                 rate_rows.append(rate_row(str(w), run))
                 print(rate_rows[-1], flush=True)
@@ -477,7 +508,10 @@ def one_server(w: int, work: Path, exports: dict[str, Path], payloads, args) -> 
         targets = [exports["b" if k % 2 == 0 else "a"] for k in range(args.reloads)]
         span_s = args.reloads * args.reload_every_s + 1.0
         run = Run(args.reload_rate, 1, args.warmup_s, span_s)
-        asyncio.run(measure(server, args.client, payloads[1], run, (targets, args.reload_every_s)))
+        reloads = (targets, args.reload_every_s)
+        asyncio.run(
+            measure(server, args.client, payloads[1], run, reloads, PREDICT_TYPE[args.body])
+        )
         print(f"reloads with {w} worker(s): done", flush=True)
         if run.first_error:
             notes.append(f"workers {w}, during the reloads: {run.first_error}")
@@ -496,7 +530,7 @@ def main() -> None:
         work = Path(args.work or stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
         exports = build(work, args.rows_per_day, args.dim)
-        payloads = {b: bodies(work, b) for b in sorted({*args.batches, 1})}
+        payloads = {b: bodies(work, b, args.body) for b in sorted({*args.batches, 1})}
         load_built = os.getloadavg()
         null_rows = calibrate(work, args, payloads[1])
         for w in args.workers:

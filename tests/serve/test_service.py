@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -129,6 +130,76 @@ def test_concurrent_requests_are_merged_and_routed_back(exports):
     merged = metrics["tnrec_batch_requests"]["sum"]
     assert merged == 40 and calls < 40, (calls, merged)  # 40 requests in fewer calls
     assert metrics["tnrec_batch_rows"]["max_bucket_le"] <= 64
+
+
+ARROW = {"content-type": "application/vnd.apache.arrow.stream"}
+
+
+def _arrow_body(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _post_arrow(url: str, body: bytes) -> httpx.Response:
+    return httpx.post(url + "/v1/predict", content=body, headers=ARROW, timeout=60)
+
+
+def test_arrow_ipc_bodies_are_served_as_the_predictor_serves_the_table(server, exports):
+    rows = exports["rows"]
+    want = _expected(exports["a"], rows)
+    got = []
+    for a in range(0, len(rows), 53):
+        table = pa.Table.from_pylist(rows[a : a + 53])
+        r = _post_arrow(server.url, _arrow_body(table))
+        assert r.status_code == 200, r.text
+        got += r.json()["predictions"]
+        assert r.json()["model_version"].startswith("a@")
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    empty = pa.Table.from_pylist(rows[:1]).slice(0, 0)
+    r = _post_arrow(server.url, _arrow_body(empty))
+    assert r.status_code == 200 and r.json()["predictions"] == []
+
+
+def test_bad_arrow_bodies_get_a_400_with_the_message(server, exports):
+    row = dict(exports["rows"][0])
+    table = pa.Table.from_pylist([row, row])
+    cases = [
+        (b"not arrow", "not an Arrow IPC stream"),
+        (_arrow_body(table)[:40], "not an Arrow IPC stream"),  # cut short
+        (_arrow_body(table.drop_columns(["C1"])), "lack feature columns ['C1']"),
+        (_arrow_body(pa.Table.from_pylist([row] * 501)), "at most 500"),
+    ]
+    bad = table.set_column(table.schema.get_field_index("I2"), "I2", pa.array([1.0, float("inf")]))
+    with pytest.raises(DataError) as e:
+        Predictor(exports["a"]).predict(bad)
+    cases.append((_arrow_body(bad), str(e.value)))  # the Predictor's own message
+    for body, message in cases:
+        r = _post_arrow(server.url, body)
+        assert r.status_code == 400, r.text
+        assert message in r.json()["error"], r.json()["error"]
+    assert _post_arrow(server.url, _arrow_body(table)).status_code == 200  # still serving
+
+
+def test_concurrent_arrow_requests_are_merged_and_routed_back(exports):
+    rows = exports["rows"][:120]
+    want = _expected(exports["a"], rows)
+    bodies = [_arrow_body(pa.Table.from_pylist(rows[i : i + 4])) for i in range(0, 120, 4)]
+
+    async def fire(url: str) -> list:
+        async with httpx.AsyncClient(timeout=60) as client:
+            calls = [client.post(url + "/v1/predict", content=b, headers=ARROW) for b in bodies]
+            return await asyncio.gather(*calls)
+
+    with start_server(exports["a"], "--max-wait-ms", "20", "--max-batch", "64") as s:
+        answers = asyncio.run(fire(s.url))
+        metrics = _metrics(s.get("/metrics").text)
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    got = [p for r in answers for p in r.json()["predictions"]]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    calls = metrics["tnrec_batch_requests"]["count"]
+    assert metrics["tnrec_batch_requests"]["sum"] == 30 and calls < 30, calls
 
 
 def _metrics(text: str) -> dict[str, dict]:

@@ -1,6 +1,8 @@
 """The HTTP application: ``/v1/predict``, ``/v1/reload``, ``/healthz``, ``/readyz``, ``/metrics``.
 
-Bodies are JSON, read and written with orjson. Every error a request can
+Bodies are JSON, read and written with orjson; a predict body may also be an
+Arrow IPC stream (``Content-Type: application/vnd.apache.arrow.stream``), whose
+table goes to the Predictor as it is. Answers are JSON. Every error a request can
 cause is answered ``{"error": "..."}`` with a 4xx code -- the Predictor's own
 message for bad input -- and the process keeps serving.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import pyarrow as pa
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -65,6 +68,11 @@ def _error(message: str, status: int = 400) -> Response:
     return _json({"error": message}, status)
 
 
+#: The media type of a predict body in the Arrow IPC stream format (a pyarrow Table
+#: written with ``pyarrow.ipc.new_stream``), read without a Python object per value.
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
 class Service:
     """The state of one worker process: its model, its batcher, its metrics."""
 
@@ -83,7 +91,11 @@ class Service:
 
     async def predict(self, request: Request) -> Response:
         try:
-            form, data, n = self._parse(await request.body())
+            body = await request.body()
+            if request.headers.get("content-type", "").split(";")[0].strip() == ARROW_STREAM:
+                form, data, n = self._parse_arrow(body)
+            else:
+                form, data, n = self._parse(body)
         except DataError as e:
             return _error(str(e))
         if self.batcher is None:
@@ -120,12 +132,28 @@ class Service:
             data = doc["columns"]
             rows = _column_rows(data)
             form, n = ("columns", rows) if rows is not None else ("alone", 1)
+        self._check_rows(n)
+        return form, data, n
+
+    def _parse_arrow(self, body: bytes) -> tuple[str, Any, int]:
+        """``("arrow", table, rows)`` of a predict body in the Arrow IPC stream format.
+
+        Raises:
+            DataError: not an Arrow IPC stream, or too many rows.
+        """
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        except (pa.ArrowException, ValueError, OSError) as e:
+            raise DataError(f"The body is not an Arrow IPC stream ({ARROW_STREAM}): {e}.") from None
+        self._check_rows(table.num_rows)
+        return "arrow", table, table.num_rows
+
+    def _check_rows(self, n: int) -> None:
         if n > self.settings.max_rows:
             raise DataError(
                 f"The request has {n} rows; this service takes at most {self.settings.max_rows} "
                 "a request (--max-rows)."
             )
-        return form, data, n
 
     async def reload(self, request: Request) -> Response:
         try:
