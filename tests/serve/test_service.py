@@ -170,6 +170,7 @@ def test_bad_arrow_bodies_get_a_400_with_the_message(server, exports):
         (_arrow_body(table)[:40], "not an Arrow IPC stream"),  # cut short
         (_arrow_body(table.drop_columns(["C1"])), "lack feature columns ['C1']"),
         (_arrow_body(pa.Table.from_pylist([row] * 501)), "at most 500"),
+        (_arrow_body(table.append_column("C1", table.column("C1"))), "more than once"),
     ]
     bad = table.set_column(table.schema.get_field_index("I2"), "I2", pa.array([1.0, float("inf")]))
     with pytest.raises(DataError) as e:

@@ -243,6 +243,12 @@ class Predictor:
         """The feature columns' raw values (a pyarrow Table passes through)."""
         if isinstance(rows, (pa.Table, pa.RecordBatch)):
             self._check_present(rows.column_names)
+            twice = sorted({k for k in self.required if rows.column_names.count(k) > 1})
+            if twice:
+                raise DataError(
+                    f"Predictor.predict: the table has feature columns {twice} more than once; "
+                    "each column the model reads must be there once."
+                )
             return pa.table({k: rows.column(k) for k in self.required})
         if isinstance(rows, Mapping):
             self._check_present(list(rows))
@@ -451,7 +457,8 @@ class Predictor:
         predictions of the same structure.
 
         Raises:
-            DataError: a row is not a dict, a feature column is missing, or a
+            DataError: a row is not a dict, a feature column is missing (or, in
+                a table, there more than once), or a
                 value cannot be read (a dict, a list where a number is expected,
                 text that is not a number, an int outside int64 (outside
                 [-2**63, 2**64) and any float in a sign column), a number that

@@ -317,6 +317,8 @@ def test_arrow_edges_no_rows_missing_column_bad_value(tiny_fast):
     twice = pa.table([table.column("u"), table.column("s"), table.column("x"), table.column("x")],
                      names=["u", "s", "x", "x"])  # fmt: skip
     assert _fast_inputs(tiny_fast._fast, twice) is None
+    with pytest.raises(DataError, match=r"feature columns \['x'\] more than once"):
+        tiny_fast.predict(twice)
     bad = table.set_column(2, "x", pa.array([0.5, math.inf, 2.0]))
     assert _fast_inputs(tiny_fast._fast, bad) is None
     with pytest.raises(DataError, match=r"^Predictor\.predict: .*value inf is not a finite number"):
