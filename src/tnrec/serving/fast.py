@@ -94,6 +94,12 @@ def _flat(rows: Any, keys: tuple[str, ...]) -> list[Any]:
 
 def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None:
     """``(B, keys[S, B], present[S, B], dense[B, F])`` of single-valued rows, or None."""
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
+        B = rows.num_rows
+        arrays = _arrow_kinds(plan, rows) if B > 0 else None
+        if arrays is None:
+            return None
+        return _grid_and_dense(plan, B, False, *arrays)
     if type(rows) is list:  # of dicts holding every column (KeyError otherwise)
         B = len(rows)
         if B == 0 or set(map(type, rows)) != {dict}:
@@ -103,19 +109,29 @@ def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None
         B = lengths.pop() if len(lengths) == 1 else -1
         if B <= 0:
             return None
-    elif isinstance(rows, (pa.Table, pa.RecordBatch)):
-        return _arrow_inputs(plan, rows)
     else:
         return None
-    row_major = type(rows) is list
-    keys = np.empty((plan.num_sparse, B), np.uint64)  # [S, B]
-    present = np.empty((plan.num_sparse, B), np.bool_)  # [S, B]
     try:  # any failure (an absent key, a value Arrow refuses): the general path names it
         strs = pa.array(_flat(rows, plan.str_keys)) if plan.str_keys else None
         ints = pa.array(_flat(rows, plan.int_keys)) if plan.int_keys else None
         nums = pa.array(_flat(rows, plan.num_keys)) if plan.num_keys else None
     except Exception:
         return None
+    return _grid_and_dense(plan, B, type(rows) is list, strs, ints, nums)
+
+
+def _grid_and_dense(
+    plan: _FastPlan,
+    B: int,
+    row_major: bool,
+    strs: pa.Array | None,
+    ints: pa.Array | None,
+    nums: pa.Array | None,
+) -> tuple[int, Any, Any, Any] | None:
+    """:func:`_fast_inputs` from one array a kind of column (value ``j`` is ``b*C + c``
+    row-major, else ``c*B + b``), or None where a type or value is for the general path."""
+    keys = np.empty((plan.num_sparse, B), np.uint64)  # [S, B]
+    present = np.empty((plan.num_sparse, B), np.bool_)  # [S, B]
     if strs is not None:
         if not (pa.types.is_string(strs.type) or pa.types.is_null(strs.type)):
             return None
@@ -135,19 +151,16 @@ def _fast_inputs(plan: _FastPlan, rows: Any) -> tuple[int, Any, Any, Any] | None
     return None if dense is None else (B, keys.view(np.int64), present, dense)
 
 
-def _arrow_inputs(plan: _FastPlan, rows: pa.Table | pa.RecordBatch) -> Any:
-    """:func:`_fast_inputs` of a pyarrow Table or RecordBatch, read from its buffers.
-
-    Each kind's columns are concatenated into one array, column after column,
-    so one kernel call hashes every categorical column of a kind. Takes the
-    table only if every column the model reads is there once and has the type
-    the list path accepts (string, int64, int64/double, or null).
-    """
-    B = rows.num_rows
-    if B == 0:
-        return None
-
-    def kind(keys: tuple[str, ...], ok: Callable[[pa.DataType], bool], to: pa.DataType) -> Any:
+def _arrow_kinds(plan: _FastPlan, rows: pa.Table | pa.RecordBatch) -> tuple[Any, Any, Any] | None:
+    """``(strs, ints, nums)``: a Table's or RecordBatch's columns of each kind concatenated,
+    column after column, read from their buffers; None unless every column the model reads
+    is there once with a type the list path takes (string, int64, int64/double, or null)."""
+    out = []
+    for keys, types, to in (
+        (plan.str_keys, (pa.string(),), pa.string()),
+        (plan.int_keys, (pa.int64(),), pa.int64()),
+        (plan.num_keys, (pa.int64(), pa.float64()), pa.float64()),
+    ):
         arrays = []
         for key in keys:
             at = rows.schema.get_field_index(key)  # -1: absent, or there twice
@@ -156,41 +169,13 @@ def _arrow_inputs(plan: _FastPlan, rows: pa.Table | pa.RecordBatch) -> Any:
             col = rows.column(at)
             if isinstance(col, pa.ChunkedArray):
                 col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            if not ok(col.type):
+            if not (pa.types.is_null(col.type) or col.type in types):
                 return None
-            arrays.append(col.cast(to, safe=False) if col.type != to else col)
-        return pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
-
-    def is_null(t: pa.DataType) -> bool:
-        return bool(pa.types.is_null(t))
-
-    def of_type(*ts: pa.DataType) -> Callable[[pa.DataType], bool]:
-        return lambda t: is_null(t) or t in ts
-
-    keys = np.empty((plan.num_sparse, B), np.uint64)  # [S, B]
-    present = np.empty((plan.num_sparse, B), np.bool_)  # [S, B]
-    if plan.str_keys:
-        strs = kind(plan.str_keys, of_type(pa.string()), pa.string())
-        if strs is None:
-            return None
-        offs, data, valid = _string_buffers(strs)
-        _hash_str_grid(offs, data, valid, plan.str_hashes, plan.str_rows, B, False, keys, present)
-    if plan.int_keys:
-        ints = kind(plan.int_keys, of_type(pa.int64()), pa.int64())
-        if ints is None:
-            return None
-        valid = np.asarray(ints.is_valid().to_numpy(zero_copy_only=False), np.bool_)
-        vals = ints.fill_null(0).to_numpy(zero_copy_only=False)
-        _hash_int_grid(
-            vals.view(np.uint64), valid, plan.int_hashes, plan.int_rows, B, False, keys, present
+            arrays.append(col if col.type == to else col.cast(to, safe=False))
+        out.append(
+            None if not arrays else pa.concat_arrays(arrays) if len(arrays) > 1 else arrays[0]
         )
-    nums = None
-    if plan.num_keys:
-        nums = kind(plan.num_keys, of_type(pa.int64(), pa.float64()), pa.float64())
-        if nums is None:
-            return None
-    dense = _fast_dense(plan, nums, B, False)
-    return None if dense is None else (B, keys.view(np.int64), present, dense)
+    return out[0], out[1], out[2]
 
 
 def grid_rows(
