@@ -580,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker is not None:
         spec = json.loads(args.worker)
         if spec.get("hugepages", "default") != "default":
-            from numpy._core import multiarray
+            try:
+                from numpy._core import multiarray
+            except ImportError:  # numpy 1.x
+                from numpy.core import multiarray  # type: ignore[no-redef]
 
             multiarray._set_madvise_hugepage(spec["hugepages"] == "on")
         print("RESULT " + json.dumps(WORKERS[spec["kind"]](spec)), flush=True)
