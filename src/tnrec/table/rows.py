@@ -392,15 +392,18 @@ def create_rows(
     ``out[dest[i]]``, while they are in cache.
     """
     copy = dest.shape[0] > 0
+    w = np.empty(D, np.float32)  # the weights, drawn into an array the compiler can vectorise over
     for i in range(rows.shape[0]):
         r = rows[i]
         c = row_f32(bases, r, shift, lmask, stride)
         ci = row_i32(bases, r, shift, lmask, stride)
-        init_weights(c, keys[i], table_seed, init_kind, init_param, D)
+        init_weights(w, keys[i], table_seed, init_kind, init_param, D)
+        for j in range(D):
+            c[j] = w[j]
         if copy:
             o = dest[i]
             for j in range(D):
-                out[o, j] = c[j]
+                out[o, j] = w[j]
         init_state(opt_kind, c, ci, hp, D, S)
         c[D + S] = 0.0
         c[D + S + 1] = 0.0

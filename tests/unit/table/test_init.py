@@ -39,7 +39,7 @@ def test_tail_and_wedges_have_their_mass():
     got = float((x > I._ZR).mean())
     assert abs(got - p) < 5 * math.sqrt(p / n)
     # each layer's outer band [X[i+1], X[i]] (its wedge) holds the normal's mass there
-    for i in (1, 2, 10, 100, 200, 254):
+    for i in (1, 2, 10, 100, 500, 1000, I._LAYERS - 2):
         lo, hi = I._ZX[i + 1], I._ZX[i]
         p = 2 * (_phi(hi) - _phi(lo))
         got = float(((x >= lo) & (x < hi)).mean())
@@ -51,8 +51,9 @@ def test_ziggurat_layers_have_equal_area_and_end_at_the_mode():
     f = lambda t: math.exp(-0.5 * t * t)  # noqa: E731
     r = I._ZR
     v = r * f(r) + math.sqrt(math.pi / 2) * math.erfc(r / math.sqrt(2))
-    assert x.shape == (257,) and x[256] == 0.0 and x[1] == r
-    areas = x[1:256] * (fx[2:257] - fx[1:256])  # layers 1..255
+    L = I._LAYERS
+    assert x.shape == (L + 1,) and x[L] == 0.0 and x[1] == r
+    areas = x[1:L] * (fx[2 : L + 1] - fx[1:L])  # layers 1 .. L-1
     np.testing.assert_allclose(areas, v, rtol=1e-9)
     assert abs(x[0] * f(r) - v) < 1e-15
     assert np.all(np.diff(x[1:]) < 0)
@@ -66,3 +67,17 @@ def test_a_key_gets_the_same_vector_whatever_batch_it_arrives_in():
     np.testing.assert_array_equal(t.initial_vectors(keys), alone)
     np.testing.assert_array_equal(t.pull(keys[::-1])[::-1], alone)
     assert np.all(np.isfinite(alone)) and len({row.tobytes() for row in alone}) == 4
+
+
+def test_a_redrawn_element_leaves_the_other_elements_of_its_vector_alone():
+    # Each element's first draw is draw j + 1 of the key's stream; an element
+    # outside its layer's inner rectangle is redrawn from its own retry stream,
+    # so the prefix of a longer vector is the shorter vector (same key, table, std).
+    keys = np.arange(100_000, dtype=np.int64)
+    short = SparseTable(4, SGD(0.1), name="init", initializer=normal(2.0), seed=3)
+    long = SparseTable(16, SGD(0.1), name="init", initializer=normal(4.0), seed=3)
+    a = short.initial_vectors(keys)  # std 2 / sqrt(4) = 1
+    b = long.initial_vectors(keys)[:, :4]  # std 4 / sqrt(16) = 1
+    np.testing.assert_array_equal(a, b)
+    # some elements took the retry path: only the tail sampler goes beyond r
+    assert (np.abs(b) > I._ZR).sum() >= 5
