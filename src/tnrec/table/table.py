@@ -362,23 +362,33 @@ class SparseTable(RowAccess):
                 lambda a, b: rows.lookup_gather(slots, *loc, keys[a:b], rws[a:b], out[a:b], dim),
             )
         )
-        if checked:
-            # One pass over the whole batch counts duplicates before any key is
-            # created; ``out`` is this call's own array, so nothing has changed.
-            dups = rows.count_key_duplicates(keys, rws, missing, st.bitmap)
-            if dups:
-                raise TableKeyError(
-                    f'Table "{self.name}": pull got {dups} duplicate key(s) among {n}; '
-                    "keys must be unique (de-duplicate the batch first)."
-                )
+        # A checked pull that creates finds repeated absent keys while inserting
+        # them (and then takes them out again), not with a hash set of its own.
+        in_insert = checked and create and missing > 0 and self.admission is None
+        if checked and rows.count_key_duplicates(keys, rws, 0 if in_insert else missing, st.bitmap):
+            self._refuse_duplicates(keys, rws, missing)  # ``out`` is this call's own array
         if missing and create:
             where = np.flatnonzero(rws < 0)
             if self.admission is not None:
                 where = self._admit(keys, where, out)
             if where.shape[0]:
-                rws[where] = self._insert(keys[where], into=(out, where))
+                made = self._try_insert(keys[where], True, (out, where), repeats=in_insert)
+                if made is None:  # a key repeats: nothing was created
+                    self._refuse_duplicates(keys, rws, missing)
+                    raise RuntimeError("internal error: an insert saw a repeat the count missed")
+                rws[where] = made
         self._last_lookup = (keys.copy(), rws, self._key_version)
         return out
+
+    def _refuse_duplicates(self, keys: Keys, rws: npt.NDArray[np.int32], missing: int) -> None:
+        """Raise :class:`TableKeyError` when a key of a looked-up batch repeats (the absent
+        ones, ``rws < 0``, are checked only when ``missing`` counts them)."""
+        dups = rows.count_key_duplicates(keys, rws, missing, self._store.bitmap)
+        if dups:  # counted over the whole batch, the absent keys too
+            raise TableKeyError(
+                f'Table "{self.name}": pull got {dups} duplicate key(s) among {keys.shape[0]}; '
+                "keys must be unique (de-duplicate the batch first)."
+            )
 
     def read_stats_unchecked(self, keys: Keys) -> npt.NDArray[np.float32]:
         """Return ``[show, click]`` of unique ``keys`` (``float32[n, 2]``; absent keys read 0).
@@ -454,12 +464,29 @@ class SparseTable(RowAccess):
 
         ``into=(out, where)`` also writes key ``i``'s initial weights to ``out[where[i]]``.
         """
+        made = self._try_insert(keys, initialise, into, repeats=False)
+        if made is None:  # pragma: no cover - repeats=False raises instead
+            raise RuntimeError("internal error: _insert got repeated keys")
+        return made
+
+    def _try_insert(
+        self,
+        keys: Keys,
+        initialise: bool,
+        into: tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]] | None,
+        repeats: bool,
+    ) -> npt.NDArray[np.int32] | None:
+        """:meth:`_insert`; with ``repeats`` the keys may repeat: a key that does is found
+        while inserting, the keys inserted are deleted again, and None is returned
+        with the table's keys in the slots they had (linear probing never moves a
+        key to insert another, and no key sits past an empty slot of its probe
+        run, so deleting the new keys moves no old one).
+        """
         n = keys.shape[0]
         out_rows = np.empty(n, dtype=np.int32)
         st = self._store
         self._reserve(n)
         self._key_version += 1
-        capacity.bucket_counts(keys, self._bucket_rows, 1)
         start = 0
         while True:
             limit = index.max_count(self._slots.shape[0])
@@ -485,7 +512,14 @@ class SparseTable(RowAccess):
         created = out_rows < -1
         out_rows[created] = -2 - out_rows[created]
         if not created.all():
-            raise RuntimeError("internal error: _insert got keys that were already present")
+            if not repeats:
+                raise RuntimeError("internal error: _insert got keys that were already present")
+            made = keys[created]
+            st.reserve_free_slots(made.shape[0])
+            deleted, st.free_top = index.delete(self._slots, made, st.free_rows, st.free_top)
+            self._count -= deleted
+            return None
+        capacity.bucket_counts(keys, self._bucket_rows, 1)
         if not initialise:
             return out_rows
         opt = self.optimizer

@@ -246,6 +246,59 @@ def test_pull_rejects_duplicates_and_bad_dtype():
         t.pull(np.zeros((2, 2), dtype=np.int64))
 
 
+def _occupied(t):
+    """The index's occupied slots: (slot, key low, key high, row) of each."""
+    s = t._slots
+    where = np.flatnonzero(s[:, 2] >= 0)
+    return np.column_stack([where, s[where]])
+
+
+@pytest.mark.parametrize("n_old", [0, 300, 20_000])
+def test_a_pull_with_repeated_new_keys_creates_nothing(n_old):
+    # Repeats among absent keys are found while inserting them; the keys
+    # inserted before the repeat are taken out again and no old key moves.
+    t = make(dim=8, initializer=normal(1.0))
+    old = np.arange(n_old, dtype=np.int64) * 7 + 1
+    if n_old:
+        t.pull(old)
+    t.reserve(60_000)  # the index does not grow, so every old key must keep its slot
+    before = _occupied(t)
+    weights = t.pull(old, create=False) if n_old else None
+    new = np.arange(50_000, dtype=np.int64) * 7 + 2  # none of them present
+    batch = np.concatenate([new, new[[10, 20_000, 49_999]]])  # 3 repeats, the last at the end
+    with pytest.raises(TableKeyError, match=r"pull got 3 duplicate key\(s\) among 50003"):
+        t.pull(batch)
+    assert len(t) == n_old
+    np.testing.assert_array_equal(_occupied(t), before)
+    assert not t.contains(new).any()
+    if n_old:
+        np.testing.assert_array_equal(t.pull(old, create=False), weights)
+    # the same keys, once each, are then created with their usual initial vectors
+    np.testing.assert_array_equal(t.pull(new), t.initial_vectors(new))
+    assert len(t) == n_old + new.shape[0]
+
+
+def test_a_pull_with_repeated_new_keys_that_grows_the_index_creates_nothing():
+    t = make(dim=8, initializer=normal(1.0))
+    old = np.arange(3_000, dtype=np.int64) * 5
+    t.pull(old)
+    weights = t.pull(old, create=False)
+    new = np.arange(40_000, dtype=np.int64) * 5 + 1
+    with pytest.raises(TableKeyError, match=r"pull got 1 duplicate key\(s\) among 40001"):
+        t.pull(np.concatenate([new, new[-1:]]))
+    assert len(t) == 3_000 and not t.contains(new).any()
+    np.testing.assert_array_equal(t.pull(old, create=False), weights)
+    np.testing.assert_array_equal(t.pull(new), t.initial_vectors(new))
+
+
+def test_a_pull_counts_repeats_of_present_and_new_keys_together():
+    t = make()
+    t.pull(np.array([1, 2], np.int64))
+    with pytest.raises(TableKeyError, match=r"pull got 3 duplicate key\(s\) among 7"):
+        t.pull(np.array([1, 5, 1, 6, 5, 2, 2], np.int64))  # 1, 2 present; 5 new
+    assert len(t) == 2 and not t.contains(np.array([5, 6], np.int64)).any()
+
+
 def _push_fault(t, keys, grads=None, show=None, click=None):
     n = len(keys)
     t.push(
