@@ -372,7 +372,9 @@ class SparseTable(RowAccess):
             if self.admission is not None:
                 where = self._admit(keys, where, out)
             if where.shape[0]:
-                made = self._try_insert(keys[where], True, (out, where), repeats=in_insert)
+                made = self._try_insert(
+                    keys[where], initialise=True, into=(out, where), repeats=in_insert
+                )
                 if made is None:  # a key repeats: nothing was created
                     self._refuse_duplicates(keys, rws, missing)
                     raise RuntimeError("internal error: an insert saw a repeat the count missed")
@@ -480,7 +482,8 @@ class SparseTable(RowAccess):
         while inserting, the keys inserted are deleted again, and None is returned
         with the table's keys in the slots they had (linear probing never moves a
         key to insert another, and no key sits past an empty slot of its probe
-        run, so deleting the new keys moves no old one).
+        run, so deleting the new keys moves no old one). The index and row blocks
+        reserved for the keys stay, and their rows go to the free list.
         """
         n = keys.shape[0]
         out_rows = np.empty(n, dtype=np.int32)
