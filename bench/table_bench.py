@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -177,9 +178,11 @@ def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
     before = rss_bytes()
     table = SparseTable(dim, make(), name="bench")
     fill_s = 0.0
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     for lo in range(0, n_keys, fill_batch):
         keys = rank_to_key(np.arange(lo, min(lo + fill_batch, n_keys), dtype=np.int64))
         fill_s += timed(table.pull, keys, True)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     del keys
     after = rss_bytes()
     stats = table.stats()
@@ -199,6 +202,10 @@ def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
     b = batches[0].shape[0]
     return {
         "fill_mkeys_s": n_keys / fill_s / 1e6,
+        # CPU time of the fill, all threads (the batches' key arrays included), a key:
+        # user = tnrec's kernels; sys = the kernel, mostly faulting in new memory
+        "fill_user_ns_key": (cpu1.ru_utime - cpu0.ru_utime) / n_keys * 1e9,
+        "fill_sys_ns_key": (cpu1.ru_stime - cpu0.ru_stime) / n_keys * 1e9,
         **rates("pull", pull_t, b),
         **rates("push", push_t, b),
         **rates("push_unchecked", unchecked_t, b),
@@ -374,6 +381,8 @@ def mib(x: float | None) -> str:
 
 TNREC_COLUMNS = [
     ("fill", "fill_mkeys_s", f1),
+    ("fill user ns/key", "fill_user_ns_key", f0),
+    ("fill sys ns/key", "fill_sys_ns_key", f0),
     ("pull", "pull_mkeys_s", f1),
     ("push", "push_mkeys_s", f1),
     ("push_unchecked", "push_unchecked_mkeys_s", f1),
@@ -468,7 +477,8 @@ def report(results: list[dict[str, Any]]) -> str:
     ok = _median_by_case(raw)
     out = [
         "tnrec SparseTable: Mkeys/s = unique keys per second in the best batch; "
-        "fill = pull(create=True) of new keys; RSS before = after imports, before the table; "
+        "fill = pull(create=True) of new keys, with its CPU time a key (all threads; sys: "
+        "the kernel, mostly faulting in new memory); RSS before = after imports, before the table; "
         "others = cores other processes kept busy during the measurement (* busy, below)",
         fmt_table(
             ["dim", "keys", "optimizer", *(c[0] for c in TNREC_COLUMNS), "others"],

@@ -79,7 +79,12 @@ if NUM_BUCKETS != 1 << _BUCKET_BITS:  # pragma: no cover - a constant
 def home(key: np.int64, mask: int) -> np.int64:  # pragma: no cover - compiled
     """Return the home slot of ``key`` in an index of ``mask + 1`` slots (a power of two):
     its bucket's region, then the hash's next bits within it."""
-    h = mix64_scalar(np.uint64(key))
+    return home_of_hash(mix64_scalar(np.uint64(key)), mask)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def home_of_hash(h: np.uint64, mask: int) -> np.int64:  # pragma: no cover - compiled
+    """:func:`home` of a key whose ``mix64`` is ``h``."""
     m = np.uint64(mask)
     if m < np.uint64(NUM_BUCKETS - 1):
         return np.int64(h & m)
@@ -232,6 +237,67 @@ def rehash(old: np.ndarray, new: np.ndarray) -> None:  # pragma: no cover - comp
 
 
 @nb.njit(nogil=True, cache=True)
+def rehash_regions(
+    old: np.ndarray,
+    new: np.ndarray,
+    old_shift: int,
+    new_shift: int,
+    r0: int,
+    r1: int,
+    deferred: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """Insert the entries held in the old index's regions ``[r0, r1)`` into the new one,
+    region by region, slot after slot, without leaving the region (region ``r`` of an
+    index is its slots ``s`` with ``s >> shift == r``).
+
+    An entry whose new home is in another region than the old slot holding it
+    (it had probed past its region's end) or whose probe would leave the new
+    region is not inserted: its old slot goes to ``deferred`` (in slot order)
+    for :func:`rehash_deferred`. Which entries those are depends on the regions
+    only, so the new index does not depend on how the regions are shared out.
+    Returns how many were deferred.
+    """
+    mask = new.shape[0] - 1
+    nd = 0
+    for s in range(r0 << old_shift, r1 << old_shift):
+        r = old[s, 2]
+        if r < 0:
+            continue
+        t = _home(slot_key(old, s), mask)
+        g = t >> new_shift
+        end = (g + 1) << new_shift
+        if g != s >> old_shift:
+            t = end
+        while t < end and new[t, 2] >= 0:
+            t += 1
+        if t == end:
+            deferred[nd] = s
+            nd += 1
+            continue
+        new[t, 0] = old[s, 0]
+        new[t, 1] = old[s, 1]
+        new[t, 2] = r
+    return nd
+
+
+@nb.njit(nogil=True, cache=True)
+def rehash_deferred(
+    old: np.ndarray, new: np.ndarray, deferred: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """Insert the entries of the old slots ``deferred`` into the new index (probing across
+    regions)."""
+    mask = new.shape[0] - 1
+    for i in range(deferred.shape[0]):
+        s = deferred[i]
+        t = _home(slot_key(old, s), mask)
+        while new[t, 2] >= 0:
+            t = (t + 1) & mask
+        new[t, 0] = old[s, 0]
+        new[t, 1] = old[s, 1]
+        new[t, 2] = old[s, 2]
+
+
+@nb.njit(nogil=True, cache=True)
 def delete(
     slots: np.ndarray, keys: np.ndarray, free_rows: np.ndarray, free_top: int
 ) -> tuple[int, int]:  # pragma: no cover - compiled
@@ -323,52 +389,18 @@ REGIONS = 16  # fixed, so the layout an insert leaves does not depend on the thr
 
 
 @nb.njit(nogil=True, cache=True)
-def group_by_region(
-    keys: np.ndarray,
-    mask: int,
-    shift: int,
-    homes: np.ndarray,
-    order: np.ndarray,
-    starts: np.ndarray,
-) -> None:  # pragma: no cover - compiled
-    """Counting sort: ``homes[i]`` is the home slot of ``keys[i]`` in an index of ``mask + 1``
-    slots; ``order`` lists the positions of the keys grouped by the region of their home
-    slot (``home >> shift``, ``REGIONS`` regions), stable; ``starts[r]`` is region ``r``'s
-    first position (``starts[REGIONS] = len(keys)``).
-
-    Keys already grouped (a load of a checkpoint, whose files hold the rows bucket after
-    bucket in index order) keep their order: the regions' bounds are found by bisection.
-    """
-    n = keys.shape[0]
-    grouped = True
-    for i in range(n):
-        homes[i] = _home(keys[i], mask)
-        if i and (homes[i] >> shift) < (homes[i - 1] >> shift):
-            grouped = False
-    if grouped:
-        for r in range(REGIONS + 1):
-            lo, hi = 0, n  # the first position whose region is >= r
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if (homes[mid] >> shift) < r:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            starts[r] = lo
-        for i in range(n):
-            order[i] = i
-        return
-    counts = np.zeros(REGIONS + 1, np.int64)
-    for i in range(n):
-        counts[(homes[i] >> shift) + 1] += 1
-    for r in range(REGIONS):
-        counts[r + 1] += counts[r]
-    starts[:] = counts
-    at = counts[:REGIONS].copy()
-    for i in range(n):
-        g = homes[i] >> shift
-        order[at[g]] = i
-        at[g] += 1
+def homes_and_buckets(
+    keys: np.ndarray, mask: int, homes: np.ndarray
+) -> np.ndarray:  # pragma: no cover - compiled
+    """Write the home slot of each key (index of ``mask + 1 >= 1024`` slots) to ``homes``;
+    return how many keys each bucket gets (``int64[1024]``; region ``r`` of the index holds
+    buckets ``[64 r, 64 r + 64)``)."""
+    counts = np.zeros(NUM_BUCKETS, np.int64)
+    for i in range(keys.shape[0]):
+        h = mix64_scalar(np.uint64(keys[i]))
+        homes[i] = home_of_hash(h, mask)
+        counts[h & np.uint64(NUM_BUCKETS - 1)] += 1
+    return counts
 
 
 @nb.njit(nogil=True, cache=True)
@@ -376,31 +408,40 @@ def insert_new_regions(
     slots: np.ndarray,
     keys: np.ndarray,
     homes: np.ndarray,
-    order: np.ndarray,
-    starts: np.ndarray,
     r0: int,
     r1: int,
     shift: int,
     first_row: int,
     deferred: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
-    """Insert the keys of regions ``[r0, r1)``: key ``i`` (home slot ``homes[i]``) gets row
-    ``first_row + i``.
+    """Insert the keys whose home slot (``homes``) is in regions ``[r0, r1)``, in key order:
+    key ``i`` gets row ``first_row + i``.
 
     A probe never leaves its region: a key whose run reaches the region's end
     is marked in ``deferred`` for :func:`insert_new_serial`, so threads given
-    disjoint regions never touch the same slot. Returns the number of keys
-    found already present (duplicates: an error for the caller).
+    disjoint regions never touch the same slot, and the slots a region ends with
+    depend only on its own keys. Returns the number of keys found already
+    present (repeats: the caller decides).
     """
+    n = keys.shape[0]
+    mine = np.empty(n, np.int64)  # the positions of the keys of the regions, in key order
+    m = 0
+    for i in range(n):  # branch-free: half the keys of a batch are another thread's
+        mine[m] = i
+        g = homes[i] >> shift
+        m += (g >= r0) & (g < r1)
     base = slots.ctypes.data
     dups = 0
-    lo_t, hi_t = starts[r0], starts[r1]
-    for t in range(lo_t, hi_t):
-        if t + _AHEAD < hi_t:
-            _prefetch_w(base + homes[order[t + _AHEAD]] * 12)
-        i = order[t]
-        key = keys[i]
+    for t in range(min(m, _AHEAD)):
+        _prefetch_w(base + homes[mine[t]] * 12)
+    for t in range(m):
+        if t + _AHEAD < m:  # a slot may straddle two cache lines
+            a = base + homes[mine[t + _AHEAD]] * 12
+            _prefetch_w(a)
+            _prefetch_w(a + 11)
+        i = mine[t]
         s = homes[i]
+        key = keys[i]
         end = ((s >> shift) + 1) << shift
         lo, hi = key_lo(key), key_hi(key)
         while True:

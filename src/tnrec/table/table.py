@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 Keys = npt.NDArray[np.int64]
 _NO_OUT = np.empty((0, 0), np.float32)  # create_rows without a copy of the new weights
 _NO_DEST = np.empty(0, np.intp)
+# Inserts of at least this many new keys go by region on the table's threads; the
+# choice depends on the count only, so the index a run leaves does not depend on
+# the thread count.
+REGION_INSERT_MIN = 2 * threads.MIN_SLICE
 
 
 @dataclass(frozen=True)
@@ -483,13 +487,26 @@ class SparseTable(RowAccess):
         with the table's keys in the slots they had (linear probing never moves a
         key to insert another, and no key sits past an empty slot of its probe
         run, so deleting the new keys moves no old one). The index and row blocks
-        reserved for the keys stay, and their rows go to the free list.
+        reserved for the keys stay.
+
+        At least :data:`REGION_INSERT_MIN` keys into a table without evicted rows
+        are inserted by region on the table's threads (:meth:`_insert_regions`),
+        fewer (or rows to reuse) by one thread; both give key ``i`` the same row.
         """
         n = keys.shape[0]
-        out_rows = np.empty(n, dtype=np.int32)
         st = self._store
         self._reserve(n)
         self._key_version += 1
+        if st.free_top == 0 and n >= REGION_INSERT_MIN:
+            made, _ = self._insert_regions(keys)
+            if made is None:
+                if not repeats:
+                    raise RuntimeError("internal error: _insert got keys that were already present")
+                # Rows past next_row were never handed out: nothing goes to the free list.
+                index.delete(self._slots, keys, np.empty(n, np.int32), 0)
+                return None
+            return self._initialise(keys, made, initialise, into)
+        out_rows = np.empty(n, dtype=np.int32)
         start = 0
         while True:
             limit = index.max_count(self._slots.shape[0])
@@ -517,21 +534,33 @@ class SparseTable(RowAccess):
         if not created.all():
             if not repeats:
                 raise RuntimeError("internal error: _insert got keys that were already present")
-            made = keys[created]
-            st.reserve_free_slots(made.shape[0])
-            deleted, st.free_top = index.delete(self._slots, made, st.free_rows, st.free_top)
+            inserted = keys[created]
+            st.reserve_free_slots(inserted.shape[0])
+            deleted, st.free_top = index.delete(self._slots, inserted, st.free_rows, st.free_top)
             self._count -= deleted
             return None
         capacity.bucket_counts(keys, self._bucket_rows, 1)
+        return self._initialise(keys, out_rows, initialise, into)
+
+    def _initialise(
+        self,
+        keys: Keys,
+        out_rows: npt.NDArray[np.int32],
+        initialise: bool,
+        into: tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]] | None,
+    ) -> npt.NDArray[np.int32]:
+        """When ``initialise``, write the initial values of the rows ``out_rows`` of the new
+        ``keys`` (and to ``out[where]``); return ``out_rows``."""
         if not initialise:
             return out_rows
+        st = self._store
         opt = self.optimizer
         loc, seed, init = st.loc, self._table_seed, self.initializer
         kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
         gen = np.int32(self.generation)
         out, dest = into if into is not None else (_NO_OUT, _NO_DEST)
         threads.run(
-            threads.slices(n),
+            threads.slices(keys.shape[0]),
             lambda a, b: rows.create_rows(
                 *loc, keys[a:b], out_rows[a:b], seed, init.code(), init.param,
                 kind, hp, dim, width, gen, out, dest[a:b],
@@ -550,47 +579,69 @@ class SparseTable(RowAccess):
 
     def _insert_new(self, keys: Keys) -> npt.NDArray[np.int32]:
         """Insert ``keys``, all absent and unique (a load into a table that was empty), into
-        uninitialised rows; return their rows (``next_row + i`` for key ``i``).
-
-        The keys are grouped by the region of the index their home slot is in
-        (16 fixed regions) and the regions are filled by several threads at once;
-        keys whose probe would leave their region go in afterwards, in one thread.
+        uninitialised rows; return their rows (``next_row + i`` for key ``i``), inserted by
+        region on the table's threads (:meth:`_insert_regions`).
 
         Raises:
             TableKeyError: a key repeats or is already present (a damaged file).
         """
         n = keys.shape[0]
-        st = self._store
         self._reserve(n)
+        self._key_version += 1
+        made, dups = self._insert_regions(keys)
+        if made is None:
+            raise TableKeyError(
+                f'Table "{self.name}": {dups} key(s) of a load repeat or are already present; '
+                "the index is no longer usable. Load into a new table."
+            )
+        return made
+
+    def _insert_regions(self, keys: Keys) -> tuple[npt.NDArray[np.int32] | None, int]:
+        """Put absent ``keys`` into the index, key ``i`` with row ``next_row + i``, count them
+        (keys, rows, buckets) and return ``(rows, 0)``; return ``(None, found)``, counting
+        nothing, when ``found`` keys were already there (repeats: the other keys stay in
+        the index).
+
+        The home slots are hashed on the table's threads; the index's 16 fixed
+        regions are cut into runs of about equal keys, one a thread, and each
+        thread inserts the keys of its runs in key order. Keys whose probe would
+        leave their region go in afterwards, in one thread. The caller has
+        reserved the room (index and rows, none from the free list).
+        """
+        n = keys.shape[0]
+        st = self._store
+        first = st.next_row
         if st.free_top or self._count + n > index.max_count(self._slots.shape[0]):
-            raise RuntimeError("internal error: _insert_new needs reserved, never-used rows")
-        slots, first = self._slots, st.next_row
-        shift = (self._slots.shape[0] // index.REGIONS).bit_length() - 1
+            raise RuntimeError("internal error: a region insert needs reserved, never-used rows")
+        slots = self._slots
+        shift = (slots.shape[0] // index.REGIONS).bit_length() - 1
         homes = np.empty(n, np.int64)
-        order = np.empty(n, np.int64)
-        starts = np.empty(index.REGIONS + 1, np.int64)
-        index.group_by_region(keys, slots.shape[0] - 1, shift, homes, order, starts)
+        mask = slots.shape[0] - 1
+        buckets: npt.NDArray[np.int64] = np.sum(
+            threads.run(
+                threads.slices(n), lambda a, b: index.homes_and_buckets(keys[a:b], mask, homes[a:b])
+            ),
+            axis=0,
+        )
+        per_region = buckets.reshape(index.REGIONS, -1).sum(axis=1)
+        starts = np.concatenate([[0], np.cumsum(per_region)])
         deferred = np.zeros(n, np.bool_)
-        parts = _region_parts(starts, threads.get_num_threads() if n >= threads.MIN_SLICE else 1)
+        runs = _region_parts(starts, threads.get_num_threads() if n >= threads.MIN_SLICE else 1)
         dups = sum(
             threads.run(
-                parts,
+                runs,
                 lambda r0, r1: index.insert_new_regions(
-                    slots, keys, homes, order, starts, r0, r1, shift, first, deferred
+                    slots, keys, homes, r0, r1, shift, first, deferred
                 ),
             )
         )
         dups += index.insert_new_serial(slots, keys, first, deferred)
         if dups:
-            raise TableKeyError(
-                f'Table "{self.name}": {dups} key(s) of a load repeat or are already present; '
-                "the index is no longer usable. Load into a new table."
-            )
-        self._key_version += 1
-        capacity.bucket_counts(keys, self._bucket_rows, 1)
+            return None, int(dups)
+        self._bucket_rows += buckets
         self._count += n
         st.next_row += n
-        return np.arange(first, first + n, dtype=np.int32)
+        return np.arange(first, first + n, dtype=np.int32), 0
 
     def _reserve(self, n: int) -> None:
         """Allocate what ``n`` new keys need (index, row chunks), checking the memory budget
@@ -610,9 +661,28 @@ class SparseTable(RowAccess):
         st.add_chunks(chunks)
 
     def _grow_index(self, need: int) -> None:
+        """Rebuild the index with room for ``need`` keys. A big one is rebuilt region by
+        region on the table's threads (:func:`index.rehash_regions`); the result does not
+        depend on the thread count."""
         cap = index.capacity_for(need)
         new = index.new_index(cap)
-        index.rehash(self._slots, new)
+        old = self._slots
+        if old.shape[0] < REGION_INSERT_MIN:
+            index.rehash(old, new)
+        else:
+            per = old.shape[0] // index.REGIONS
+            shifts = (per.bit_length() - 1, (cap // index.REGIONS).bit_length() - 1)
+            k = threads.get_num_threads()
+            runs = [(j * index.REGIONS // k, (j + 1) * index.REGIONS // k) for j in range(k)]
+            runs = [(a, b) for a, b in runs if b > a]
+            bufs = [np.empty((b - a) * per, np.int32) for a, b in runs]
+            got = threads.run(
+                [(j, j + 1) for j in range(len(runs))],
+                lambda j, _: index.rehash_regions(old, new, *shifts, *runs[j], bufs[j]),
+            )
+            index.rehash_deferred(
+                old, new, np.concatenate([b[:m] for b, m in zip(bufs, got, strict=True)])
+            )
         self._slots = new
 
     # ------------------------------------------------------------------ push
@@ -849,10 +919,10 @@ class SparseTable(RowAccess):
 
 
 def _region_parts(starts: npt.NDArray[np.int64], k: int) -> list[tuple[int, int]]:
-    """Cut the index's regions into at most ``k`` runs of about equal keys (``starts[r]``: the
-    first key of region ``r``), leaving out runs without keys. Keys in bucket order (a load)
-    fall in one or two regions: they are inserted in the calling thread, not handed to the
-    table's threads, which the load's row writes are using."""
+    """Cut the index's regions into at most ``k`` runs of about equal keys (``starts[r]``:
+    how many keys the regions before ``r`` have), leaving out runs without keys. Keys in
+    bucket order (a load) fall in one or two regions: they are inserted in the calling
+    thread, not handed to the table's threads, which the load's row writes are using."""
     n = int(starts[-1])
     cuts = [0]
     for j in range(1, k):

@@ -46,24 +46,20 @@ def test_every_slot_sits_at_or_after_its_home_in_a_full_table():
         assert (slots[(s - np.arange(d + 1)) & mask, 2] >= 0).all()
 
 
-@pytest.mark.parametrize("grouped", [True, False])
-def test_group_by_region_is_a_stable_sort_by_region(grouped):
+def test_homes_and_buckets_gives_each_key_its_home_and_counts_the_buckets():
     rng = np.random.default_rng(11)
     capacity = 1 << 14
-    shift = (capacity // index.REGIONS).bit_length() - 1
     keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 5000)
+    keys[:3] = [0, -1, 7]
+    keys[3] = keys[4]  # a repeat counts twice
     want_homes = np.array([home(k, capacity - 1) for k in keys])
-    regions = want_homes >> shift
-    if grouped:  # as a checkpoint's file holds them: by region, in any order within one
-        at = np.argsort(regions, kind="stable")
-        keys, want_homes, regions = keys[at], want_homes[at], regions[at]
     homes = np.empty(keys.shape[0], np.int64)
-    order = np.empty(keys.shape[0], np.int64)
-    starts = np.empty(index.REGIONS + 1, np.int64)
-    index.group_by_region(keys, capacity - 1, shift, homes, order, starts)
+    counts = index.homes_and_buckets(keys, capacity - 1, homes)
     np.testing.assert_array_equal(homes, want_homes)
-    np.testing.assert_array_equal(order, np.argsort(regions, kind="stable"))
-    counts = np.bincount(regions, minlength=index.REGIONS)
-    np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(counts)]))
-    if grouped:
-        np.testing.assert_array_equal(order, np.arange(keys.shape[0]))
+    np.testing.assert_array_equal(counts, np.bincount(bucket_of(keys), minlength=NUM_BUCKETS))
+    # region r of the index holds buckets [64 r, 64 r + 64)
+    shift = (capacity // index.REGIONS).bit_length() - 1
+    np.testing.assert_array_equal(
+        counts.reshape(index.REGIONS, -1).sum(axis=1),
+        np.bincount(want_homes >> shift, minlength=index.REGIONS),
+    )
