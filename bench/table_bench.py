@@ -168,6 +168,9 @@ def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
     warm = SparseTable(dim, make(), name="warm")
     wk = rank_to_key(np.arange(5_000, dtype=np.int64))
     warm.pull(wk)
+    # a big insert and a big index's growth take the by-region kernels
+    warm.pull(rank_to_key(np.arange(10**6, 10**6 + 20_000, dtype=np.int64)))
+    warm.pull(rank_to_key(np.arange(2 * 10**6, 2 * 10**6 + 30_000, dtype=np.int64)))
     wz = np.zeros((wk.shape[0], dim), np.float32)
     ws = np.ones(wk.shape[0], np.float32)
     warm.push(wk, wz, ws, ws)

@@ -424,22 +424,24 @@ def insert_new_regions(
     present (repeats: the caller decides).
     """
     n = keys.shape[0]
-    mine = np.empty(n, np.int64)  # the positions of the keys of the regions, in key order
-    m = 0
-    for i in range(n):  # branch-free: half the keys of a batch are another thread's
-        mine[m] = i
-        g = homes[i] >> shift
-        m += (g >= r0) & (g < r1)
+    every = r0 == 0 and r1 == REGIONS  # one thread: every key is this call's
+    mine = np.empty(0 if every else n, np.int64)  # the positions of the regions' keys, in order
+    m = n if every else 0
+    if not every:
+        for i in range(n):  # branch-free: half the keys of a batch are another thread's
+            mine[m] = i
+            g = homes[i] >> shift
+            m += (g >= r0) & (g < r1)
     base = slots.ctypes.data
     dups = 0
     for t in range(min(m, _AHEAD)):
-        _prefetch_w(base + homes[mine[t]] * 12)
+        _prefetch_w(base + homes[t if every else mine[t]] * 12)
     for t in range(m):
         if t + _AHEAD < m:  # a slot may straddle two cache lines
-            a = base + homes[mine[t + _AHEAD]] * 12
+            a = base + homes[t + _AHEAD if every else mine[t + _AHEAD]] * 12
             _prefetch_w(a)
             _prefetch_w(a + 11)
-        i = mine[t]
+        i = t if every else mine[t]
         s = homes[i]
         key = keys[i]
         end = ((s >> shift) + 1) << shift

@@ -16,7 +16,7 @@ from tnrec._hashing import bucket_of, mix64
 from tnrec.table.init import normal, uniform, zeros
 from tnrec.table.optimizers import SGD, AdaGrad, Adam, Ftrl
 from tnrec.table.policy import EvictionPolicy
-from tnrec.table.table import SparseTable
+from tnrec.table.table import REGION_INSERT_MIN, SparseTable
 
 
 def warm() -> float:
@@ -50,6 +50,12 @@ def warm() -> float:
         with tempfile.TemporaryDirectory() as d:
             t.save(f"{d}/t")
             SparseTable.load(f"{d}/t")
+    # A big insert and a big index's growth go by region (REGION_INSERT_MIN keys, slots).
+    t = SparseTable(1, AdaGrad(), name="warm")
+    big = np.arange(REGION_INSERT_MIN, dtype=np.int64)
+    t.pull(big)
+    t.reserve(2 * REGION_INSERT_MIN)
+    t.pull(big + REGION_INSERT_MIN)
     return time.perf_counter() - t0
 
 
