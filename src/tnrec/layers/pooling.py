@@ -173,9 +173,9 @@ def _pool_backward(
 
 def bag_scales(lengths: npt.NDArray[np.int64], combiner: str) -> npt.NDArray[np.float32]:
     """Return the per-bag factor of ``combiner`` (sum, mean, sqrtn); empty bags get 1."""
-    n = np.maximum(lengths, 1).astype(np.float32)
     if combiner == "sum":
         return np.ones(lengths.shape[0], dtype=np.float32)
+    n = np.maximum(lengths, 1).astype(np.float32)
     if combiner == "mean":
         return (1.0 / n).astype(np.float32)
     return (1.0 / np.sqrt(n)).astype(np.float32)
