@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numba as nb
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -101,12 +102,53 @@ def bag_layout(batch: Any, columns: Sequence[str], layer: str | None = None) -> 
     if not jags:
         z = np.zeros(0, np.int64)
         return BagLayout(z, np.zeros(1, np.int64), z)
-    lengths = np.diff(np.stack([j.offsets for j in jags]), axis=1).ravel()  # [C*B]
-    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    col_offsets = np.stack([j.offsets for j in jags]).astype(np.int64, copy=False)  # [C, B+1]
+    bad = _decreasing(col_offsets)
+    if bad >= 0:
+        raise ArgumentError(
+            f'EmbeddingFeatures "{layer}": column {columns[bad]!r} has decreasing offsets; '
+            "row i's keys are keys[offsets[i]:offsets[i+1]]."
+        )
+    for key, jag in zip(columns, jags, strict=True):
+        if jag.keys.shape[0] < jag.offsets[-1]:
+            raise ArgumentError(
+                f'EmbeddingFeatures "{layer}": column {key!r} has {jag.keys.shape[0]} keys '
+                f"but its offsets end at {int(jag.offsets[-1])}."
+            )
     keys = np.concatenate([j.keys[j.offsets[0] : j.offsets[-1]] for j in jags])  # [N]
-    rows = np.repeat(np.tile(np.arange(B, dtype=np.int64), len(jags)), lengths)  # [N]
+    offsets = np.empty(len(jags) * B + 1, np.int64)  # [C*B + 1]
+    rows = np.empty(keys.shape[0], np.int64)  # [N]
+    _layout(col_offsets, offsets, rows)
     return BagLayout(keys.astype(np.int64, copy=False), offsets, rows)
+
+
+@nb.njit(nogil=True, cache=True)
+def _decreasing(col_offsets: np.ndarray) -> int:  # pragma: no cover - compiled
+    """Return the first column whose offsets (a row of ``[C, B + 1]``) decrease, or -1."""
+    for c in range(col_offsets.shape[0]):
+        for b in range(col_offsets.shape[1] - 1):
+            if col_offsets[c, b + 1] < col_offsets[c, b]:
+                return c
+    return -1
+
+
+@nb.njit(nogil=True, cache=True)
+def _layout(
+    col_offsets: np.ndarray, offsets: np.ndarray, rows: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """From each column's nondecreasing offsets (``[C, B + 1]``) write the bags' ``offsets``
+    (``[C*B + 1]``, column after column) and the batch row of every key (``rows``, as many
+    as the columns' offsets span), in one pass."""
+    C, B = col_offsets.shape[0], col_offsets.shape[1] - 1
+    offsets[0] = 0
+    at = 0
+    for c in range(C):
+        for b in range(B):
+            n = col_offsets[c, b + 1] - col_offsets[c, b]
+            for k in range(n):
+                rows[at + k] = b
+            at += n
+            offsets[c * B + b + 1] = at
 
 
 class EmbeddingFeatures(torch.nn.Module):

@@ -162,6 +162,59 @@ def test_a_column_with_the_wrong_number_of_rows_is_named(make_batch):
         m.pull(bad)
 
 
+def _bad_batch(good, column, jag):
+    from tnrec.data.batch import Batch
+
+    return Batch(
+        sparse={**good.sparse, column: jag},
+        dense=good.dense,
+        dense_names=good.dense_names,
+        labels=good.labels,
+        label_names=good.label_names,
+        weights=None,
+        row_ids=good.row_ids,
+    )
+
+
+def test_bag_layout_matches_its_definition():
+    from tnrec.data.batch import Jagged
+    from tnrec.layers.embedding import bag_layout
+
+    class B:
+        size = 50
+
+    rng = np.random.default_rng(4)
+    sparse = {}
+    for name, high in [("none", 1), ("one", 2), ("many", 5)]:
+        lengths = rng.integers(0, high, 50) if name != "one" else np.ones(50, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        sparse[name] = Jagged(rng.integers(-(1 << 62), 1 << 62, int(offsets[-1])), offsets)
+    # a column sliced out of a bigger batch: its offsets start past 0
+    whole = Jagged(np.arange(300, dtype=np.int64), np.arange(0, 301, 3, dtype=np.int64))
+    sparse["sliced"] = Jagged(whole.keys, whole.offsets[20:71])
+    B.sparse = sparse
+    cols = ["many", "none", "sliced", "one"]
+    lay = bag_layout(B, cols, "emb")
+    lengths = np.concatenate([np.diff(sparse[c].offsets) for c in cols])
+    np.testing.assert_array_equal(lay.offsets, np.concatenate([[0], np.cumsum(lengths)]))
+    np.testing.assert_array_equal(lay.rows, np.repeat(np.tile(np.arange(50), 4), lengths))
+    want = [sparse[c].keys[sparse[c].offsets[0] : sparse[c].offsets[-1]] for c in cols]
+    np.testing.assert_array_equal(lay.keys, np.concatenate(want))
+
+
+def test_bad_offsets_are_named(make_batch):
+    from tnrec.data.batch import Jagged
+
+    m = OneLayer(emb_cols(["a", "b"]), output="concat")
+    good = make_batch({"a": [[1], [2]], "b": [[3], [4]]}, [0, 1])
+    decreasing = _bad_batch(good, "b", Jagged(np.array([3, 4]), np.array([0, 2, 1])))
+    with pytest.raises(ArgumentError, match=r"column 'b' has decreasing offsets"):
+        m.pull(decreasing)
+    short = _bad_batch(good, "a", Jagged(np.array([1]), np.array([0, 1, 2])))
+    with pytest.raises(ArgumentError, match=r"column 'a' has 1 keys but its offsets end at 2"):
+        m.pull(short)
+
+
 def test_two_tables_over_the_same_columns_share_one_dedup(make_batch):
     """DeepFM's embedding and linear tables read the same columns: one layout, one dedup."""
 
