@@ -11,30 +11,31 @@ from tnrec._hashing import mix64_scalar
 
 @nb.njit(nogil=True, cache=True)
 def _unique_inverse(
-    keys: np.ndarray, uniq: np.ndarray, inverse: np.ndarray
+    keys: np.ndarray, ids: np.ndarray, uniq: np.ndarray, inverse: np.ndarray
 ) -> int:  # pragma: no cover - compiled
-    n = keys.shape[0]
-    cap = 16
-    while cap < 2 * n:
-        cap *= 2
-    mask = np.uint64(cap - 1)
-    slot_key = np.empty(cap, dtype=np.int64)
-    slot_id = np.full(cap, -1, dtype=np.int64)
+    """Fill ``uniq`` (first occurrences) and ``inverse``; return the unique count.
+
+    ``ids`` (zeros, a power of two > the key count) is the hash set: a slot
+    holds ``u + 1`` for unique key ``u``, 0 when empty, and the key itself is
+    read back from ``uniq``. A slot is 4 bytes and the unique keys are few
+    and compact, so the probes stay in cache where a set of (key, id) slots
+    four times the size did not.
+    """
+    mask = np.uint64(ids.shape[0] - 1)
     u = 0
-    for i in range(n):
+    for i in range(keys.shape[0]):
         k = keys[i]
         s = mix64_scalar(np.uint64(k)) & mask
         while True:
-            v = slot_id[s]
-            if v < 0:
-                slot_key[s] = k
-                slot_id[s] = u
+            v = ids[s]
+            if v == 0:
+                ids[s] = u + 1
                 uniq[u] = k
                 inverse[i] = u
                 u += 1
                 break
-            if slot_key[s] == k:
-                inverse[i] = v
+            if uniq[v - 1] == k:
+                inverse[i] = v - 1
                 break
             s = (s + np.uint64(1)) & mask
     return u
@@ -55,9 +56,14 @@ def unique_inverse(
         ([9, 4, 7], [0, 1, 0, 2])
     """
     keys = np.ascontiguousarray(keys, dtype=np.int64)
-    uniq = np.empty(keys.shape[0], dtype=np.int64)
-    inverse = np.empty(keys.shape[0], dtype=np.int64)
-    u = _unique_inverse(keys, uniq, inverse)
+    n = keys.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    ids = np.zeros(cap, dtype=np.int32 if n < 2**31 - 1 else np.int64)
+    uniq = np.empty(n, dtype=np.int64)
+    inverse = np.empty(n, dtype=np.int64)
+    u = _unique_inverse(keys, ids, uniq, inverse)
     return uniq[:u], inverse
 
 

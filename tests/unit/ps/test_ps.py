@@ -44,6 +44,17 @@ def test_unique_inverse_round_trip_keeps_first_occurrence_order(values):
     assert uniq.tolist() == first
 
 
+def test_unique_inverse_of_a_big_batch_matches_numpy():
+    rng = np.random.default_rng(8)
+    keys = rng.integers(-(1 << 62), 1 << 62, 30_000)[rng.integers(0, 30_000, 200_000)]
+    keys[:3] = [0, -1, 0]  # 0 and -1 are ordinary keys
+    uniq, inverse = unique_inverse(keys)
+    np.testing.assert_array_equal(uniq[inverse], keys)
+    vals, first = np.unique(keys, return_index=True)
+    np.testing.assert_array_equal(uniq, keys[np.sort(first)])  # first-occurrence order
+    assert uniq.shape[0] == vals.shape[0]
+
+
 def test_local_ps_refuses_non_finite_gradients_before_any_table_changes():
     a, b = SparseTable(2, SGD(), name="a"), SparseTable(2, SGD(), name="b")
     ps = LocalPS({"a": a, "b": b})
