@@ -403,6 +403,9 @@ class Model(TrainingSteps, torch.nn.Module):
         label = self._click_label_values(batch)  # [B]
         w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
         keys, grads, shows, clicks, active = {}, {}, {}, {}, {}
+        # Tables over the same columns share the step's de-duplication (the same
+        # arrays): their show and click are computed once.
+        counted: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         without = self._workers_without_grad(step)
         for t, (table, ts) in enumerate(step.items()):
             if not ts.E.requires_grad or without[t] == self.ps.world_size:
@@ -415,7 +418,12 @@ class Model(TrainingSteps, torch.nn.Module):
             inverse, rows = ts.inverse, ts.rows
             if ts.trained is not None:
                 inverse, rows = inverse[ts.trained], rows[ts.trained]
-            shows[table], clicks[table] = show_click(inverse, rows, w, label, U)  # [U], [U]
+                shows[table], clicks[table] = show_click(inverse, rows, w, label, U)  # [U], [U]
+            else:
+                same = (id(inverse), id(rows))
+                if same not in counted:
+                    counted[same] = show_click(inverse, rows, w, label, U)  # [U], [U]
+                shows[table], clicks[table] = counted[same]
             keys[table] = ts.keys
             if ts.trained is not None or without[t]:
                 on = np.zeros(U, np.bool_)
