@@ -144,25 +144,8 @@ def test_concat_of_an_empty_batch_keeps_its_width(make_batch):
     out.sum().backward()  # a zero-row gradient reaches the kernel
 
 
-def test_a_column_with_the_wrong_number_of_rows_is_named(make_batch):
-    from tnrec.data.batch import Batch, Jagged
-
-    m = OneLayer(emb_cols(["a", "b"]), output="concat")
-    good = make_batch({"a": [[1], [2]], "b": [[3], [4]]}, [0, 1])
-    bad = Batch(
-        sparse={"a": good.sparse["a"], "b": Jagged(np.array([3, 4, 5]), np.array([0, 1, 2, 3]))},
-        dense=good.dense,
-        dense_names=good.dense_names,
-        labels=good.labels,
-        label_names=good.label_names,
-        weights=None,
-        row_ids=good.row_ids,
-    )
-    with pytest.raises(ArgumentError, match=r"column 'b' has offsets of shape \(4,\); .* \(3,\)"):
-        m.pull(bad)
-
-
 def _bad_batch(good, column, jag):
+    """``good`` with column ``column`` replaced by the Jagged ``jag``."""
     from tnrec.data.batch import Batch
 
     return Batch(
@@ -174,6 +157,16 @@ def _bad_batch(good, column, jag):
         weights=None,
         row_ids=good.row_ids,
     )
+
+
+def test_a_column_with_the_wrong_number_of_rows_is_named(make_batch):
+    from tnrec.data.batch import Jagged
+
+    m = OneLayer(emb_cols(["a", "b"]), output="concat")
+    good = make_batch({"a": [[1], [2]], "b": [[3], [4]]}, [0, 1])
+    bad = _bad_batch(good, "b", Jagged(np.array([3, 4, 5]), np.array([0, 1, 2, 3])))
+    with pytest.raises(ArgumentError, match=r"column 'b' has offsets of shape \(4,\); .* \(3,\)"):
+        m.pull(bad)
 
 
 def test_bag_layout_matches_its_definition():
