@@ -110,10 +110,10 @@ def bag_layout(batch: Any, columns: Sequence[str], layer: str | None = None) -> 
             "row i's keys are keys[offsets[i]:offsets[i+1]]."
         )
     for key, jag in zip(columns, jags, strict=True):
-        if jag.keys.shape[0] < jag.offsets[-1]:
+        if jag.offsets[0] < 0 or jag.keys.shape[0] < jag.offsets[-1]:
             raise ArgumentError(
                 f'EmbeddingFeatures "{layer}": column {key!r} has {jag.keys.shape[0]} keys '
-                f"but its offsets end at {int(jag.offsets[-1])}."
+                f"but its offsets span [{int(jag.offsets[0])}, {int(jag.offsets[-1])})."
             )
     keys = np.concatenate([j.keys[j.offsets[0] : j.offsets[-1]] for j in jags])  # [N]
     offsets = np.empty(len(jags) * B + 1, np.int64)  # [C*B + 1]

@@ -204,8 +204,13 @@ def test_bad_offsets_are_named(make_batch):
     with pytest.raises(ArgumentError, match=r"column 'b' has decreasing offsets"):
         m.pull(decreasing)
     short = _bad_batch(good, "a", Jagged(np.array([1]), np.array([0, 1, 2])))
-    with pytest.raises(ArgumentError, match=r"column 'a' has 1 keys but its offsets end at 2"):
+    with pytest.raises(ArgumentError, match=r"column 'a' has 1 keys but its offsets span \[0, 2\)"):
         m.pull(short)
+    before = _bad_batch(good, "a", Jagged(np.array([1, 2, 3]), np.array([-2, -1, 0])))
+    with pytest.raises(
+        ArgumentError, match=r"column 'a' has 3 keys but its offsets span \[-2, 0\)"
+    ):
+        m.pull(before)
 
 
 def test_two_tables_over_the_same_columns_share_one_dedup(make_batch):
