@@ -223,17 +223,28 @@ def insert_missing(
 @nb.njit(nogil=True, cache=True)
 def rehash(old: np.ndarray, new: np.ndarray) -> None:  # pragma: no cover - compiled
     """Insert every entry of the old index into the (empty) new one."""
-    mask = new.shape[0] - 1
     for s in range(old.shape[0]):
-        r = old[s, 2]
-        if r < 0:
-            continue
-        t = _home(slot_key(old, s), mask)
-        while new[t, 2] >= 0:
-            t = (t + 1) & mask
-        new[t, 0] = old[s, 0]
-        new[t, 1] = old[s, 1]
-        new[t, 2] = r
+        if old[s, 2] >= 0:
+            _reinsert(old, s, new)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _reinsert(old: np.ndarray, s: int, new: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Copy the entry of old slot ``s`` to the first empty slot of its probe run in ``new``."""
+    mask = new.shape[0] - 1
+    t = _home(slot_key(old, s), mask)
+    while new[t, 2] >= 0:
+        t = (t + 1) & mask
+    _copy_slot(old, s, new, t)
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _copy_slot(
+    old: np.ndarray, s: int, new: np.ndarray, t: np.int64
+) -> None:  # pragma: no cover - compiled
+    new[t, 0] = old[s, 0]
+    new[t, 1] = old[s, 1]
+    new[t, 2] = old[s, 2]
 
 
 @nb.njit(nogil=True, cache=True)
@@ -274,9 +285,7 @@ def rehash_regions(
             deferred[nd] = s
             nd += 1
             continue
-        new[t, 0] = old[s, 0]
-        new[t, 1] = old[s, 1]
-        new[t, 2] = r
+        _copy_slot(old, s, new, t)
     return nd
 
 
@@ -286,15 +295,8 @@ def rehash_deferred(
 ) -> None:  # pragma: no cover - compiled
     """Insert the entries of the old slots ``deferred`` into the new index (probing across
     regions)."""
-    mask = new.shape[0] - 1
     for i in range(deferred.shape[0]):
-        s = deferred[i]
-        t = _home(slot_key(old, s), mask)
-        while new[t, 2] >= 0:
-            t = (t + 1) & mask
-        new[t, 0] = old[s, 0]
-        new[t, 1] = old[s, 1]
-        new[t, 2] = old[s, 2]
+        _reinsert(old, deferred[i], new)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -424,24 +426,22 @@ def insert_new_regions(
     present (repeats: the caller decides).
     """
     n = keys.shape[0]
-    every = r0 == 0 and r1 == REGIONS  # one thread: every key is this call's
-    mine = np.empty(0 if every else n, np.int64)  # the positions of the regions' keys, in order
-    m = n if every else 0
-    if not every:
-        for i in range(n):  # branch-free: half the keys of a batch are another thread's
-            mine[m] = i
-            g = homes[i] >> shift
-            m += (g >= r0) & (g < r1)
+    mine = np.empty(n, np.int64)  # the positions of the regions' keys, in key order
+    m = 0
+    for i in range(n):  # branch-free: half the keys of a batch are another thread's
+        mine[m] = i
+        g = homes[i] >> shift
+        m += (g >= r0) & (g < r1)
     base = slots.ctypes.data
     dups = 0
     for t in range(min(m, _AHEAD)):
-        _prefetch_w(base + homes[t if every else mine[t]] * 12)
+        _prefetch_w(base + homes[mine[t]] * 12)
     for t in range(m):
         if t + _AHEAD < m:  # a slot may straddle two cache lines
-            a = base + homes[t + _AHEAD if every else mine[t + _AHEAD]] * 12
+            a = base + homes[mine[t + _AHEAD]] * 12
             _prefetch_w(a)
             _prefetch_w(a + 11)
-        i = t if every else mine[t]
+        i = mine[t]
         s = homes[i]
         key = keys[i]
         end = ((s >> shift) + 1) << shift

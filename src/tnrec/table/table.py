@@ -367,7 +367,7 @@ class SparseTable(RowAccess):
             )
         )
         # A checked pull that creates finds repeated absent keys while inserting
-        # them (and then takes them out again), not with a hash set of its own.
+        # them, and then takes the keys it inserted out again.
         in_insert = checked and create and missing > 0 and self.admission is None
         if checked and rows.count_key_duplicates(keys, rws, 0 if in_insert else missing, st.bitmap):
             self._refuse_duplicates(keys, rws, missing)  # ``out`` is this call's own array
@@ -922,7 +922,7 @@ def _region_parts(starts: npt.NDArray[np.int64], k: int) -> list[tuple[int, int]
     """Cut the index's regions into at most ``k`` runs of about equal keys (``starts[r]``:
     how many keys the regions before ``r`` have), leaving out runs without keys. Keys in
     bucket order (a load) fall in one or two regions: they are inserted in the calling
-    thread, not handed to the table's threads, which the load's row writes are using."""
+    thread (their homes are still hashed on the table's threads)."""
     n = int(starts[-1])
     cuts = [0]
     for j in range(1, k):
