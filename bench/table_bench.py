@@ -155,6 +155,7 @@ def timed(fn: Any, *args: Any) -> float:
 def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
     """Fill a table, then time pull and push on the Zipf batches; report memory."""
     from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable, get_num_threads
+    from tnrec.table.table import REGION_INSERT_MIN
 
     make = {"sgd": SGD, "adagrad": AdaGrad, "adam": Adam, "ftrl": Ftrl}[spec["optimizer"]]
     dim, n_keys, fill_batch = spec["dim"], spec["keys"], spec["batch"]
@@ -168,9 +169,10 @@ def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
     warm = SparseTable(dim, make(), name="warm")
     wk = rank_to_key(np.arange(5_000, dtype=np.int64))
     warm.pull(wk)
-    # a big insert and a big index's growth take the by-region kernels
-    warm.pull(rank_to_key(np.arange(10**6, 10**6 + 20_000, dtype=np.int64)))
-    warm.pull(rank_to_key(np.arange(2 * 10**6, 2 * 10**6 + 30_000, dtype=np.int64)))
+    # a big insert, then a big index's growth: the by-region kernels
+    big = REGION_INSERT_MIN
+    warm.pull(rank_to_key(np.arange(10**6, 10**6 + big, dtype=np.int64)))
+    warm.pull(rank_to_key(np.arange(2 * 10**6, 2 * 10**6 + 2 * big, dtype=np.int64)))
     wz = np.zeros((wk.shape[0], dim), np.float32)
     ws = np.ones(wk.shape[0], np.float32)
     warm.push(wk, wz, ws, ws)
