@@ -18,8 +18,7 @@ def _unique_inverse(
     ``ids`` (zeros, a power of two > the key count) is the hash set: a slot
     holds ``u + 1`` for unique key ``u``, 0 when empty, and the key itself is
     read back from ``uniq``. A slot is 4 bytes and the unique keys are few
-    and compact, so the probes stay in cache where a set of (key, id) slots
-    four times the size did not.
+    and compact, so the probes stay in cache.
     """
     mask = np.uint64(ids.shape[0] - 1)
     u = 0
