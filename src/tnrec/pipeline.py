@@ -170,6 +170,11 @@ class InputPipeline:
         position is what the unpipelined loop would leave.
         """
         self._stop.set()
+        self._asked.release()  # wake a thread waiting to be asked
+        try:  # and one waiting to hand over a batch (put back below by the seek, if read)
+            self._items.get_nowait()
+        except queue.Empty:
+            pass
         self._thread.join(timeout=CLOSE_TIMEOUT_S)
         self._last = None
         if self._thread.is_alive():  # a read that does not return: leave the daemon thread
@@ -222,7 +227,7 @@ class InputPipeline:
     def _wait_asked(self) -> bool:
         while not self._stop.is_set():
             if self._asked.acquire(timeout=_POLL_S):
-                return True
+                return not self._stop.is_set()  # close() wakes the thread this way too
         return False
 
     def _put(self, item: _Item) -> bool:

@@ -209,6 +209,33 @@ def test_closing_the_pipeline_mid_epoch_leaves_no_thread(day):
     assert input_threads() == []
 
 
+@pytest.mark.parametrize("waiting", ["to-be-asked", "to-hand-over"])
+def test_close_wakes_the_thread_instead_of_waiting_for_its_poll(day, monkeypatch, waiting):
+    import time
+
+    import tnrec.pipeline as tp
+
+    monkeypatch.setattr(tp, "_POLL_S", 20.0)  # a close that waited for the poll would take 20 s
+    model = cc.build()
+    data = cc.reader(day)
+    start = data.position()
+    pipe = InputPipeline(data, model._table_layers)
+    if waiting == "to-be-asked":
+        assert pipe.take() is not None  # the thread now waits for the next request
+    else:
+        pipe.request()  # a second batch while the first is not taken: the thread waits to put it
+        deadline = time.monotonic() + 10.0
+        while pipe._read < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert pipe._read == 2
+    t0 = time.monotonic()
+    pipe.close()
+    assert time.monotonic() - t0 < 10.0
+    assert input_threads() == []
+    if waiting == "to-hand-over":  # nothing was taken: both batches read ahead are given back
+        assert data.position() == start
+
+
 def test_pipeline_must_be_a_bool(day):
     with pytest.raises(
         ArgumentError, match=r"`pipeline` must be True or False. Received: pipeline=1"
