@@ -325,11 +325,10 @@ class TrainingLoops:
                 gloo process group of its own (created collectively at the
                 first pipelined epoch), so a ``train_step`` override must pull
                 a batch with the sparse features of the one it was handed.
-                Off by default: in one process on 2 cores it made the micro
-                model's ``fit`` slower (0.6x: the thread's NumPy work holds the
-                GIL against the step's), and DeepFM's steps, whose input it
-                hides almost wholly, ran 0.98x (1 worker) and 1.02x (2)
-                (``bench/fit_bench.py``, ``bench/dist_bench.py``).
+                Off by default: on 2 cores it made the micro and Zipf models'
+                ``fit`` 0.91-0.99x as fast, while DeepFM's steps, whose input
+                it hides almost wholly, ran 1.00-1.18x (1 worker) and
+                1.00-1.07x (2) (``bench/fit_bench.py``, ``bench/dist_bench.py``).
             balance: on W > 1 workers in sync mode, hand out the units of
                 ``data`` (a whole tnrec reader; Parquet row groups, or files
                 for text and TFRecord) from a queue every worker holds, so a
