@@ -327,8 +327,8 @@ class TrainingLoops:
                 a batch with the sparse features of the one it was handed.
                 Off by default: on 2 cores it made the micro and Zipf models'
                 ``fit`` 0.91-0.99x as fast, while DeepFM's steps, whose input
-                it hides almost wholly, ran 1.00-1.18x (1 worker) and
-                1.00-1.07x (2) (``bench/fit_bench.py``, ``bench/dist_bench.py``).
+                it hides almost wholly, ran 1.08-1.10x at 1 and 2 workers over
+                30 steps (``bench/fit_bench.py``, ``bench/dist_bench.py``).
             balance: on W > 1 workers in sync mode, hand out the units of
                 ``data`` (a whole tnrec reader; Parquet row groups, or files
                 for text and TFRecord) from a queue every worker holds, so a
