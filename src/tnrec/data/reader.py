@@ -112,7 +112,9 @@ class _Prefetcher:
         while not self._stop.is_set():
             try:
                 self._q.put(item, timeout=0.05)
-                return True
+                # close() empties the queue to unblock this put: then stop here, not
+                # after producing (reading, decoding, hashing) one more batch
+                return not self._stop.is_set()
             except queue.Full:
                 continue
         return False

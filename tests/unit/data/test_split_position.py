@@ -189,6 +189,28 @@ def test_position_counts_only_taken_batches(tmp_path: Path, rows, monkeypatch):
     assert ids_of(reader)[0] == 10
 
 
+def test_closing_a_blocked_prefetch_thread_produces_no_further_item():
+    produced = []
+    blocked = threading.Event()
+    put = reader_module._Prefetcher._put
+
+    def items():
+        for i in range(100):
+            produced.append(i)
+            yield i
+
+    class Watched(reader_module._Prefetcher):
+        def _put(self, item):
+            if len(produced) == 2:  # one item queued (depth 1), this one waits for room
+                blocked.set()
+            return put(self, item)
+
+    pf = Watched(items(), depth=1)
+    assert blocked.wait(timeout=30)
+    pf.close()
+    assert produced == [0, 1]
+
+
 def test_seek_refuses_foreign_positions(tmp_path: Path, rows):
     a = td.read_criteo(write_tsv(tmp_path / "a.tsv", rows))
     b = td.read_criteo(write_tsv(tmp_path / "a.tsv", rows), shuffle=True)
