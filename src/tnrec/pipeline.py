@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tnrec.data import Batch
+from tnrec.data.handoff import put_unless_stopped
 from tnrec.layers import EmbeddingFeatures
 from tnrec.prepare import PreparedBatch, Router, empty_prepared, prepare_batch
 
@@ -231,13 +232,7 @@ class InputPipeline:
         return False
 
     def _put(self, item: _Item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._items.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._items, item, self._stop, _POLL_S)
 
 
 class PipelinedData:

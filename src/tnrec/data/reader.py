@@ -31,6 +31,7 @@ from tnrec import _fileio
 from tnrec.data.batch import Batch
 from tnrec.data.decode import Schema, decode
 from tnrec.data.files import Unit, check_split, split_units
+from tnrec.data.handoff import put_unless_stopped
 from tnrec.data.sources import ROW_BITS, ParquetSource, Source
 from tnrec.errors import ArgumentError, DataError
 
@@ -109,15 +110,7 @@ class _Prefetcher:
         self._thread.start()
 
     def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.05)
-                # close() empties the queue to unblock this put: then stop here, not
-                # after producing (reading, decoding, hashing) one more batch
-                return not self._stop.is_set()
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._q, item, self._stop, 0.05)
 
     def _run(self) -> None:
         try:

@@ -5,6 +5,7 @@ runs; every test trains the same model both ways and compares the bits.
 """
 
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 import tnrec as tn
 from tests.unit.checkpoint import ckpt_common as cc
 from tests.unit.ps.loopback import LoopbackComm
+from tnrec import pipeline as tp
 from tnrec import prepare
 from tnrec.callbacks import Callback
 from tnrec.errors import ArgumentError, DataError, NonFiniteError
@@ -211,10 +213,6 @@ def test_closing_the_pipeline_mid_epoch_leaves_no_thread(day):
 
 @pytest.mark.parametrize("waiting", ["to-be-asked", "to-hand-over"])
 def test_close_wakes_the_thread_instead_of_waiting_for_its_poll(day, monkeypatch, waiting):
-    import time
-
-    import tnrec.pipeline as tp
-
     monkeypatch.setattr(tp, "_POLL_S", 20.0)  # a close that waited for the poll would take 20 s
     model = cc.build()
     data = cc.reader(day)
