@@ -326,9 +326,10 @@ class TrainingLoops:
                 first pipelined epoch), so a ``train_step`` override must pull
                 a batch with the sparse features of the one it was handed.
                 Off by default: on 2 cores it made the micro and Zipf models'
-                ``fit`` 0.91-0.99x as fast, while DeepFM's steps, whose input
-                it hides almost wholly, ran 1.08-1.10x at 1 and 2 workers over
-                30 steps (``bench/fit_bench.py``, ``bench/dist_bench.py``).
+                ``fit`` over a Parquet reader 0.91-0.99x as fast
+                (``bench/fit_bench.py``), while DeepFM's steps over the
+                input ``bench/dist_bench.py`` draws in NumPy ran 1.08-1.10x
+                at 1 and 2 workers over 30 steps.
             balance: on W > 1 workers in sync mode, hand out the units of
                 ``data`` (a whole tnrec reader; Parquet row groups, or files
                 for text and TFRecord) from a queue every worker holds, so a
