@@ -461,6 +461,107 @@ def insert_new_regions(
 
 
 @nb.njit(nogil=True, cache=True)
+def find_or_insert_regions(
+    slots: np.ndarray,
+    keys: np.ndarray,
+    homes: np.ndarray,
+    r0: int,
+    r1: int,
+    shift: int,
+    first_row: int,
+    deferred: np.ndarray,
+    rows: np.ndarray,
+    where: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """:func:`insert_new_regions` for keys that may be present: a present key's row goes
+    to ``rows[i]``; an absent one is inserted, holding ``first_row + i`` until
+    :func:`number_new_rows` numbers it, with ``rows[i] = -1`` and its slot in
+    ``where[i]``. Every live row is below ``first_row``, so a slot holding a row at
+    or above it was inserted by this call: meeting its key again is a repeat.
+    Returns the number of repeats.
+    """
+    n = keys.shape[0]
+    mine = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        mine[m] = i
+        g = homes[i] >> shift
+        m += (g >= r0) & (g < r1)
+    base = slots.ctypes.data
+    dups = 0
+    for t in range(min(m, _AHEAD)):
+        _prefetch_w(base + homes[mine[t]] * 12)
+    for t in range(m):
+        if t + _AHEAD < m:
+            a = base + homes[mine[t + _AHEAD]] * 12
+            _prefetch_w(a)
+            _prefetch_w(a + 11)
+        i = mine[t]
+        s = homes[i]
+        key = keys[i]
+        end = ((s >> shift) + 1) << shift
+        lo, hi = key_lo(key), key_hi(key)
+        while True:
+            r = slots[s, 2]
+            if r < 0:
+                set_slot(slots, s, key, first_row + i)
+                rows[i] = -1
+                where[i] = s
+                break
+            if slots[s, 0] == lo and slots[s, 1] == hi:
+                rows[i] = r
+                dups += r >= first_row
+                break
+            s += 1
+            if s >= end:
+                deferred[i] = True
+                break
+    return dups
+
+
+@nb.njit(nogil=True, cache=True)
+def find_or_insert_serial(
+    slots: np.ndarray,
+    keys: np.ndarray,
+    first_row: int,
+    deferred: np.ndarray,
+    rows: np.ndarray,
+    where: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """:func:`find_or_insert_regions` for the ``deferred`` keys (probing across regions)."""
+    dups = 0
+    for i in range(keys.shape[0]):
+        if not deferred[i]:
+            continue
+        s = probe(slots, keys[i])
+        r = slots[s, 2]
+        if r >= 0:
+            rows[i] = r
+            dups += r >= first_row
+        else:
+            set_slot(slots, s, keys[i], first_row + i)
+            rows[i] = -1
+            where[i] = s
+    return dups
+
+
+@nb.njit(nogil=True, cache=True)
+def number_new_rows(
+    slots: np.ndarray, rows: np.ndarray, where: np.ndarray, first_row: int
+) -> int:  # pragma: no cover - compiled
+    """Give the keys :func:`find_or_insert_regions` inserted (``rows[i] < 0``) the rows
+    ``first_row, first_row + 1, ...`` in key order, in ``rows`` and in their slots;
+    return how many there were."""
+    r = first_row
+    for i in range(rows.shape[0]):
+        if rows[i] < 0:
+            slots[where[i], 2] = r
+            rows[i] = r
+            r += 1
+    return r - first_row
+
+
+@nb.njit(nogil=True, cache=True)
 def insert_new_serial(
     slots: np.ndarray, keys: np.ndarray, first_row: int, deferred: np.ndarray
 ) -> int:  # pragma: no cover - compiled

@@ -286,6 +286,33 @@ def lookup_gather(
 
 
 @nb.njit(nogil=True, cache=True)
+def gather_below(
+    bases: np.ndarray,
+    stride: int,
+    shift: int,
+    lmask: int,
+    rows: np.ndarray,
+    below: int,
+    D: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Copy the weights of the ``rows`` under ``below`` into ``out`` (rows of keys that were
+    present; the others are left to :func:`create_rows`), prefetching ``A`` rows ahead."""
+    n = rows.shape[0]
+    A = _PREFETCH_AHEAD
+    for i in range(min(n, A)):
+        if rows[i] < below:
+            prefetch_row_r(bases, rows[i], shift, lmask, stride, D)
+    for i in range(n):
+        j = i + A
+        if j < n and rows[j] < below:
+            prefetch_row_r(bases, rows[j], shift, lmask, stride, D)
+        r = rows[i]
+        if r < below:
+            copy_weights(bases, stride, shift, lmask, r, D, out, i)
+
+
+@nb.njit(nogil=True, cache=True)
 def gather_records(
     bases: np.ndarray, stride: int, shift: int, lmask: int, rows: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled

@@ -28,6 +28,9 @@ _NO_DEST = np.empty(0, np.intp)
 # choice depends on the count only, so the index a run leaves does not depend on
 # the thread count.
 REGION_INSERT_MIN = 2 * threads.MIN_SLICE
+# A create pull of at least REGION_INSERT_MIN keys finds or inserts them in one pass
+# when the previous create pull missed at least this share of its keys.
+INSERT_FIRST_MISS_RATE = 0.5
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class SparseTable(RowAccess):
         # push of the same keys (the training step's pull -> push) reuses the
         # rows instead of looking every key up again. Rows never move.
         self._last_lookup: tuple[Keys, npt.NDArray[np.int32], int] | None = None
+        self._miss_rate = 1.0  # the share of keys the last create pull did not find
         self.admission = admission
         self._sketch = (
             CountMinSketch(admission.width, self._table_seed)
@@ -356,6 +360,11 @@ class SparseTable(RowAccess):
     def _pull(self, keys: Keys, create: bool, checked: bool) -> npt.NDArray[np.float32]:
         n = keys.shape[0]
         out = np.empty((n, self.dim), dtype=np.float32)  # [n, D]
+        if create and self._inserts_first(n):
+            made = self._pull_inserting(keys, out, checked)
+            if made is not None:
+                self._last_lookup = (keys.copy(), made, self._key_version)
+                return out
         rws = np.empty(n, dtype=np.int32)
         st = self._store
         slots, loc, dim = self._slots, st.loc, self.dim
@@ -366,6 +375,8 @@ class SparseTable(RowAccess):
                 lambda a, b: rows.lookup_gather(slots, *loc, keys[a:b], rws[a:b], out[a:b], dim),
             )
         )
+        if create and n:
+            self._miss_rate = missing / n
         # A checked pull that creates finds repeated absent keys while inserting
         # them, and then takes the keys it inserted out again.
         in_insert = checked and create and missing > 0 and self.admission is None
@@ -385,6 +396,73 @@ class SparseTable(RowAccess):
                 rws[where] = made
         self._last_lookup = (keys.copy(), rws, self._key_version)
         return out
+
+    def _inserts_first(self, n: int) -> bool:
+        """Whether a create pull of ``n`` keys goes by :meth:`_pull_inserting`: a big one
+        (:data:`REGION_INSERT_MIN` keys or more) right after a create pull that missed at
+        least :data:`INSERT_FIRST_MISS_RATE` of its keys, into a table whose rows all come
+        from the unused tail (nothing evicted), without admission, row cap or memory
+        budget (which count the keys that are absent before anything is allocated)."""
+        return (
+            n >= REGION_INSERT_MIN
+            and self._miss_rate >= INSERT_FIRST_MISS_RATE
+            and self._store.free_top == 0
+            and self.admission is None
+            and self._caps is None
+            and self.memory_budget is None
+        )
+
+    def _pull_inserting(
+        self, keys: Keys, out: npt.NDArray[np.float32], checked: bool
+    ) -> npt.NDArray[np.int32] | None:
+        """Pull ``keys`` creating the absent ones in one pass over the index: each key is
+        found or inserted by region on the table's threads
+        (:func:`index.find_or_insert_regions`), instead of a lookup of every key and then
+        a second probe of the absent ones. Writes the weights to ``out`` and returns the
+        rows: the rows a lookup and then an insert of the absent keys give (the new keys
+        get ``next_row, next_row + 1, ...`` in key order).
+
+        Returns None, with the index as it was, when a key repeats (the caller's
+        two-pass pull then refuses or reports it as it does).
+        """
+        n = keys.shape[0]
+        st = self._store
+        self._reserve(n)
+        self._key_version += 1
+        first = st.next_row
+        slots = self._slots
+        rws = np.empty(n, np.int32)
+        where = np.empty(n, np.int64)
+        deferred = np.zeros(n, np.bool_)
+        homes, buckets, runs, shift = self._region_runs(keys)
+        dups = sum(
+            threads.run(
+                runs,
+                lambda r0, r1: index.find_or_insert_regions(
+                    slots, keys, homes, r0, r1, shift, first, deferred, rws, where
+                ),
+            )
+        )
+        dups += index.find_or_insert_serial(slots, keys, first, deferred, rws, where)
+        new = rws < 0
+        if dups or (checked and rows.count_key_duplicates(keys, rws, 0, st.bitmap)):
+            index.delete(slots, keys[new], np.empty(n, np.int32), 0)  # rows never handed out
+            return None
+        made = int(index.number_new_rows(slots, rws, where, first))
+        self._count += made
+        st.next_row += made
+        self._bucket_rows += buckets
+        capacity.bucket_counts(keys[~new], self._bucket_rows, -1)
+        loc, dim = st.loc, self.dim
+        threads.run(
+            threads.slices(n),
+            lambda a, b: rows.gather_below(*loc, rws[a:b], first, dim, out[a:b]),
+        )
+        if made:
+            dest = np.flatnonzero(new)
+            self._initialise(keys[dest], rws[dest], True, (out, dest))
+        self._miss_rate = made / n
+        return rws
 
     def _refuse_duplicates(self, keys: Keys, rws: npt.NDArray[np.int32], missing: int) -> None:
         """Raise :class:`TableKeyError` when a key of a looked-up batch repeats (the absent
@@ -614,19 +692,8 @@ class SparseTable(RowAccess):
         if st.free_top or self._count + n > index.max_count(self._slots.shape[0]):
             raise RuntimeError("internal error: a region insert needs reserved, never-used rows")
         slots = self._slots
-        shift = (slots.shape[0] // index.REGIONS).bit_length() - 1
-        homes = np.empty(n, np.int64)
-        mask = slots.shape[0] - 1
-        buckets: npt.NDArray[np.int64] = np.sum(
-            threads.run(
-                threads.slices(n), lambda a, b: index.homes_and_buckets(keys[a:b], mask, homes[a:b])
-            ),
-            axis=0,
-        )
-        per_region = buckets.reshape(index.REGIONS, -1).sum(axis=1)
-        starts = np.concatenate([[0], np.cumsum(per_region)])
+        homes, buckets, runs, shift = self._region_runs(keys)
         deferred = np.zeros(n, np.bool_)
-        runs = _region_parts(starts, threads.get_num_threads() if n >= threads.MIN_SLICE else 1)
         dups = sum(
             threads.run(
                 runs,
@@ -642,6 +709,28 @@ class SparseTable(RowAccess):
         self._count += n
         st.next_row += n
         return np.arange(first, first + n, dtype=np.int32), 0
+
+    def _region_runs(
+        self, keys: Keys
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[tuple[int, int]], int]:
+        """Hash ``keys`` to their home slots on the table's threads; return the homes, the
+        keys a bucket, the runs of regions (one a thread, about equal keys each) and the
+        shift from a slot to its region."""
+        n = keys.shape[0]
+        slots = self._slots
+        shift = (slots.shape[0] // index.REGIONS).bit_length() - 1
+        homes = np.empty(n, np.int64)
+        mask = slots.shape[0] - 1
+        buckets: npt.NDArray[np.int64] = np.sum(
+            threads.run(
+                threads.slices(n), lambda a, b: index.homes_and_buckets(keys[a:b], mask, homes[a:b])
+            ),
+            axis=0,
+        )
+        per_region = buckets.reshape(index.REGIONS, -1).sum(axis=1)
+        starts = np.concatenate([[0], np.cumsum(per_region)])
+        runs = _region_parts(starts, threads.get_num_threads() if n >= threads.MIN_SLICE else 1)
+        return homes, buckets, runs, shift
 
     def _reserve(self, n: int) -> None:
         """Allocate what ``n`` new keys need (index, row chunks), checking the memory budget

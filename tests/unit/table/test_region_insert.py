@@ -124,3 +124,88 @@ def test_rehash_by_region_keeps_every_entry_whatever_the_runs(runs):
     for s in np.flatnonzero(new[:, 2] >= 0):  # no empty slot between a key and its home
         h = home(slot_key(new, s), mask)
         assert (new[(h + np.arange((s - h) & mask)) & mask, 2] >= 0).all()
+
+
+def _mixed_pulls(monkeypatch, miss_rate):
+    """Create pulls of present and absent keys, pushes between them; ``miss_rate`` is the
+    share of misses from which a big pull finds or inserts in one pass (above 1: never)."""
+    monkeypatch.setattr(threads, "MIN_SLICE", 16)
+    monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
+    monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", miss_rate)
+    rng = np.random.default_rng(11)
+    t = SparseTable(3, AdaGrad(0.1), name="t")
+    outs = []
+    for step in range(5):
+        fresh = rng.integers(-(1 << 50), 1 << 50, 900)
+        old = t.keys()[: 300 * step]
+        keys = np.unique(np.concatenate([fresh, old])).astype(np.int64)
+        rng.shuffle(keys)
+        outs.append(t.pull(keys))
+        g = rng.standard_normal((keys.shape[0], 3)).astype(np.float32)
+        ones = np.ones(keys.shape[0], np.float32)
+        t.push(keys, g, ones, ones)
+    return t, outs
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_one_pass_find_or_insert_pulls_what_lookup_then_insert_pulls(
+    monkeypatch, restore_threads, n_threads
+):
+    threads.set_num_threads(n_threads)
+    calls = []
+    real = index.find_or_insert_regions
+    monkeypatch.setattr(index, "find_or_insert_regions", lambda *a: calls.append(1) or real(*a))
+    two_pass, outs2 = _mixed_pulls(monkeypatch, 2.0)
+    assert not calls
+    one_pass, outs1 = _mixed_pulls(monkeypatch, 0.0)
+    assert calls  # every pull of the second run went by find-or-insert
+    for a, b in zip(outs1, outs2, strict=True):
+        np.testing.assert_array_equal(a, b)  # present keys' weights and new keys' initial ones
+    k, r = two_pass.records()
+    k1, r1 = one_pass.records()
+    np.testing.assert_array_equal(k1, k)
+    np.testing.assert_array_equal(r1, r)
+    np.testing.assert_array_equal(one_pass.rows_for(k), two_pass.rows_for(k))
+    assert one_pass.stats().count == two_pass.stats().count == k.shape[0]
+    np.testing.assert_array_equal(one_pass.bucket_rows(), two_pass.bucket_rows())
+
+
+def test_the_one_pass_pull_follows_the_last_create_pulls_misses(monkeypatch, restore_threads):
+    monkeypatch.setattr(threads, "MIN_SLICE", 16)
+    monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
+    calls = []
+    real = index.find_or_insert_regions
+    monkeypatch.setattr(index, "find_or_insert_regions", lambda *a: calls.append(1) or real(*a))
+    threads.set_num_threads(1)  # one run of regions a pull
+    t = SparseTable(2, AdaGrad(), name="t")
+    keys = np.arange(1_000, dtype=np.int64)
+    t.pull(keys)  # an empty table: all new, one pass
+    assert len(calls) == 1
+    t.pull(keys[:10])  # small: a lookup, which found every key
+    t.pull(np.concatenate([keys, keys + 1_000]))  # misses half: a lookup, then an insert
+    assert len(calls) == 1
+    t.pull(np.arange(2_000, 4_000, dtype=np.int64))  # the last pull missed half: one pass
+    assert len(calls) == 2 and len(t) == 4_000
+    t.pull(np.arange(4_000, dtype=np.int64), create=False)  # reads do not count
+    t.pull(np.arange(4_000, 5_000, dtype=np.int64))
+    assert len(calls) == 3
+
+
+def test_a_one_pass_pull_of_a_repeated_present_key_changes_nothing(monkeypatch, restore_threads):
+    monkeypatch.setattr(threads, "MIN_SLICE", 16)
+    monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
+    monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", 0.0)
+    threads.set_num_threads(2)
+    t = SparseTable(2, AdaGrad(), name="t")
+    old = np.arange(300, dtype=np.int64) * 7
+    t.pull(old)
+    t.reserve(2_000)  # the index does not grow (the room reserved for a pull stays)
+    before, rows_before = _occupied(t), t._store.next_row
+    new = np.arange(500, dtype=np.int64) * 7 + 3
+    with pytest.raises(TableKeyError, match=r"pull got 1 duplicate key\(s\) among 801"):
+        t.pull(np.concatenate([new, old, old[[5]]]))
+    assert len(t) == 300 and t._store.next_row == rows_before
+    np.testing.assert_array_equal(_occupied(t), before)
+    got = t.pull(np.concatenate([new, old]))
+    np.testing.assert_array_equal(got[:500], t.initial_vectors(new))
+    assert len(t) == 800 and int(t.bucket_rows().sum()) == 800
