@@ -30,7 +30,7 @@ _NO_DEST = np.empty(0, np.intp)
 REGION_INSERT_MIN = 2 * threads.MIN_SLICE
 # A create pull of at least REGION_INSERT_MIN keys finds or inserts them in one pass
 # when the previous create pull missed at least this share of its keys.
-INSERT_FIRST_MISS_RATE = 0.5
+INSERT_FIRST_MISS_RATE = 0.6
 
 
 @dataclass(frozen=True)

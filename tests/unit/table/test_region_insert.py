@@ -173,22 +173,24 @@ def test_one_pass_find_or_insert_pulls_what_lookup_then_insert_pulls(
 def test_the_one_pass_pull_follows_the_last_create_pulls_misses(monkeypatch, restore_threads):
     monkeypatch.setattr(threads, "MIN_SLICE", 16)
     monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
+    monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", 0.6)
     calls = []
     real = index.find_or_insert_regions
     monkeypatch.setattr(index, "find_or_insert_regions", lambda *a: calls.append(1) or real(*a))
     threads.set_num_threads(1)  # one run of regions a pull
     t = SparseTable(2, AdaGrad(), name="t")
-    keys = np.arange(1_000, dtype=np.int64)
-    t.pull(keys)  # an empty table: all new, one pass
+    t.pull(np.arange(1_000, dtype=np.int64))  # an empty table: all new, one pass
     assert len(calls) == 1
-    t.pull(keys[:10])  # small: a lookup, which found every key
-    t.pull(np.concatenate([keys, keys + 1_000]))  # misses half: a lookup, then an insert
+    t.pull(np.arange(10, dtype=np.int64))  # small: a lookup, which found every key
+    t.pull(np.arange(2_000, dtype=np.int64))  # a lookup, then an insert; misses 1/2
+    t.pull(np.arange(3_000, dtype=np.int64))  # misses 1/2 before it, < 0.6: a lookup
+    t.pull(np.arange(2_000, 5_000, dtype=np.int64))  # 1/3 before it: a lookup; misses 2/3
     assert len(calls) == 1
-    t.pull(np.arange(2_000, 4_000, dtype=np.int64))  # the last pull missed half: one pass
-    assert len(calls) == 2 and len(t) == 4_000
-    t.pull(np.arange(4_000, dtype=np.int64), create=False)  # reads do not count
-    t.pull(np.arange(4_000, 5_000, dtype=np.int64))
-    assert len(calls) == 3
+    t.pull(np.arange(5_000, 6_000, dtype=np.int64))  # 2/3 before it: one pass
+    assert len(calls) == 2 and len(t) == 6_000
+    t.pull(np.arange(6_000, dtype=np.int64), create=False)  # reads do not count
+    t.pull(np.arange(6_000, 7_000, dtype=np.int64))
+    assert len(calls) == 3 and len(t) == 7_000
 
 
 def test_a_one_pass_pull_of_a_repeated_present_key_changes_nothing(monkeypatch, restore_threads):
