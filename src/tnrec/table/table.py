@@ -28,8 +28,9 @@ _NO_DEST = np.empty(0, np.intp)
 # choice depends on the count only, so the index a run leaves does not depend on
 # the thread count.
 REGION_INSERT_MIN = 2 * threads.MIN_SLICE
-# A create pull of at least REGION_INSERT_MIN keys finds or inserts them in one pass
-# when the previous create pull missed at least this share of its keys.
+# A create pull of at least INSERT_FIRST_MIN keys finds or inserts them in one pass
+# when the previous create pull missed at least INSERT_FIRST_MISS_RATE of its keys.
+INSERT_FIRST_MIN = 4096
 INSERT_FIRST_MISS_RATE = 0.6
 
 
@@ -398,13 +399,13 @@ class SparseTable(RowAccess):
         return out
 
     def _inserts_first(self, n: int) -> bool:
-        """Whether a create pull of ``n`` keys goes by :meth:`_pull_inserting`: a big one
-        (:data:`REGION_INSERT_MIN` keys or more) right after a create pull that missed at
+        """Whether a create pull of ``n`` keys goes by :meth:`_pull_inserting`: one of
+        :data:`INSERT_FIRST_MIN` keys or more right after a create pull that missed at
         least :data:`INSERT_FIRST_MISS_RATE` of its keys, into a table whose rows all come
         from the unused tail (nothing evicted), without admission, row cap or memory
         budget (which count the keys that are absent before anything is allocated)."""
         return (
-            n >= REGION_INSERT_MIN
+            n >= INSERT_FIRST_MIN
             and self._miss_rate >= INSERT_FIRST_MISS_RATE
             and self._store.free_top == 0
             and self.admission is None

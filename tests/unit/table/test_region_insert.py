@@ -131,6 +131,7 @@ def _mixed_pulls(monkeypatch, miss_rate):
     share of misses from which a big pull finds or inserts in one pass (above 1: never)."""
     monkeypatch.setattr(threads, "MIN_SLICE", 16)
     monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
+    monkeypatch.setattr(table_mod, "INSERT_FIRST_MIN", 64)
     monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", miss_rate)
     rng = np.random.default_rng(11)
     t = SparseTable(3, AdaGrad(0.1), name="t")
@@ -173,6 +174,7 @@ def test_one_pass_find_or_insert_pulls_what_lookup_then_insert_pulls(
 def test_the_one_pass_pull_follows_the_last_create_pulls_misses(monkeypatch, restore_threads):
     monkeypatch.setattr(threads, "MIN_SLICE", 16)
     monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
+    monkeypatch.setattr(table_mod, "INSERT_FIRST_MIN", 64)
     monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", 0.6)
     calls = []
     real = index.find_or_insert_regions
@@ -196,6 +198,7 @@ def test_the_one_pass_pull_follows_the_last_create_pulls_misses(monkeypatch, res
 def test_a_one_pass_pull_of_a_repeated_present_key_changes_nothing(monkeypatch, restore_threads):
     monkeypatch.setattr(threads, "MIN_SLICE", 16)
     monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
+    monkeypatch.setattr(table_mod, "INSERT_FIRST_MIN", 64)
     monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", 0.0)
     threads.set_num_threads(2)
     t = SparseTable(2, AdaGrad(), name="t")
