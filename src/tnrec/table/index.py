@@ -551,11 +551,13 @@ def number_new_rows(
 ) -> int:  # pragma: no cover - compiled
     """Give the keys :func:`find_or_insert_regions` inserted (``rows[i] < 0``) the rows
     ``first_row, first_row + 1, ...`` in key order, in ``rows`` and in their slots;
-    return how many there were."""
+    return how many there were. A slot is written only when its row is not the
+    ``first_row + i`` it holds already (every key before the first present one)."""
     r = first_row
     for i in range(rows.shape[0]):
         if rows[i] < 0:
-            slots[where[i], 2] = r
+            if r != first_row + i:
+                slots[where[i], 2] = r
             rows[i] = r
             r += 1
     return r - first_row

@@ -453,15 +453,18 @@ class SparseTable(RowAccess):
         self._count += made
         st.next_row += made
         self._bucket_rows += buckets
-        capacity.bucket_counts(keys[~new], self._bucket_rows, -1)
-        loc, dim = st.loc, self.dim
-        threads.run(
-            threads.slices(n),
-            lambda a, b: rows.gather_below(*loc, rws[a:b], first, dim, out[a:b]),
-        )
-        if made:
-            dest = np.flatnonzero(new)
-            self._initialise(keys[dest], rws[dest], True, (out, dest))
+        if made == n:  # every key new (a table filling up): nothing to gather
+            self._initialise(keys, rws, True, (out, np.arange(n)))
+        else:
+            capacity.bucket_counts(keys[~new], self._bucket_rows, -1)
+            loc, dim = st.loc, self.dim
+            threads.run(
+                threads.slices(n),
+                lambda a, b: rows.gather_below(*loc, rws[a:b], first, dim, out[a:b]),
+            )
+            if made:
+                dest = np.flatnonzero(new)
+                self._initialise(keys[dest], rws[dest], True, (out, dest))
         self._miss_rate = made / n
         return rws
 
