@@ -405,6 +405,33 @@ def homes_and_buckets(
     return counts
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _keys_of_regions(
+    homes: np.ndarray, shift: int, r0: int, r1: int
+) -> tuple[np.ndarray, int]:  # pragma: no cover - compiled
+    """Return the positions of the keys whose home is in regions ``[r0, r1)``, in key
+    order (the first ``m`` of the array), and ``m``."""
+    n = homes.shape[0]
+    mine = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):  # branch-free: half the keys of a batch are another thread's
+        mine[m] = i
+        g = homes[i] >> shift
+        m += (g >= r0) & (g < r1)
+    return mine, m
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _prefetch_home(
+    base: int, homes: np.ndarray, mine: np.ndarray, t: int
+) -> None:  # pragma: no cover - compiled
+    """Start fetching, for a write, the home slot of key ``mine[t]`` (both lines when it
+    straddles two)."""
+    a = base + homes[mine[t]] * 12
+    _prefetch_w(a)
+    _prefetch_w(a + 11)
+
+
 @nb.njit(nogil=True, cache=True)
 def insert_new_regions(
     slots: np.ndarray,
@@ -425,22 +452,14 @@ def insert_new_regions(
     depend only on its own keys. Returns the number of keys found already
     present (repeats: the caller decides).
     """
-    n = keys.shape[0]
-    mine = np.empty(n, np.int64)  # the positions of the regions' keys, in key order
-    m = 0
-    for i in range(n):  # branch-free: half the keys of a batch are another thread's
-        mine[m] = i
-        g = homes[i] >> shift
-        m += (g >= r0) & (g < r1)
+    mine, m = _keys_of_regions(homes, shift, r0, r1)
     base = slots.ctypes.data
     dups = 0
     for t in range(min(m, _AHEAD)):
-        _prefetch_w(base + homes[mine[t]] * 12)
+        _prefetch_home(base, homes, mine, t)
     for t in range(m):
-        if t + _AHEAD < m:  # a slot may straddle two cache lines
-            a = base + homes[mine[t + _AHEAD]] * 12
-            _prefetch_w(a)
-            _prefetch_w(a + 11)
+        if t + _AHEAD < m:
+            _prefetch_home(base, homes, mine, t + _AHEAD)
         i = mine[t]
         s = homes[i]
         key = keys[i]
@@ -480,22 +499,14 @@ def find_or_insert_regions(
     or above it was inserted by this call: meeting its key again is a repeat.
     Returns the number of repeats.
     """
-    n = keys.shape[0]
-    mine = np.empty(n, np.int64)
-    m = 0
-    for i in range(n):
-        mine[m] = i
-        g = homes[i] >> shift
-        m += (g >= r0) & (g < r1)
+    mine, m = _keys_of_regions(homes, shift, r0, r1)
     base = slots.ctypes.data
     dups = 0
     for t in range(min(m, _AHEAD)):
-        _prefetch_w(base + homes[mine[t]] * 12)
+        _prefetch_home(base, homes, mine, t)
     for t in range(m):
         if t + _AHEAD < m:
-            a = base + homes[mine[t + _AHEAD]] * 12
-            _prefetch_w(a)
-            _prefetch_w(a + 11)
+            _prefetch_home(base, homes, mine, t + _AHEAD)
         i = mine[t]
         s = homes[i]
         key = keys[i]

@@ -126,13 +126,20 @@ def test_rehash_by_region_keeps_every_entry_whatever_the_runs(runs):
         assert (new[(h + np.arange((s - h) & mask)) & mask, 2] >= 0).all()
 
 
-def _mixed_pulls(monkeypatch, miss_rate):
-    """Create pulls of present and absent keys, pushes between them; ``miss_rate`` is the
-    share of misses from which a big pull finds or inserts in one pass (above 1: never)."""
+def _small_thresholds(monkeypatch, miss_rate=None):
+    """Region inserts and one-pass pulls from 64 keys (16 a thread); the one-pass pull
+    from ``miss_rate`` misses in the last creating pull, when given."""
     monkeypatch.setattr(threads, "MIN_SLICE", 16)
     monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
     monkeypatch.setattr(table_mod, "INSERT_FIRST_MIN", 64)
-    monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", miss_rate)
+    if miss_rate is not None:
+        monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", miss_rate)
+
+
+def _mixed_pulls(monkeypatch, miss_rate):
+    """Create pulls of present and absent keys, pushes between them; ``miss_rate`` is the
+    share of misses from which a big pull finds or inserts in one pass (above 1: never)."""
+    _small_thresholds(monkeypatch, miss_rate)
     rng = np.random.default_rng(11)
     t = SparseTable(3, AdaGrad(0.1), name="t")
     outs = []
@@ -172,10 +179,7 @@ def test_one_pass_find_or_insert_pulls_what_lookup_then_insert_pulls(
 
 
 def test_the_one_pass_pull_follows_the_last_create_pulls_misses(monkeypatch, restore_threads):
-    monkeypatch.setattr(threads, "MIN_SLICE", 16)
-    monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
-    monkeypatch.setattr(table_mod, "INSERT_FIRST_MIN", 64)
-    monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", 0.6)
+    _small_thresholds(monkeypatch, 0.6)
     calls = []
     real = index.find_or_insert_regions
     monkeypatch.setattr(index, "find_or_insert_regions", lambda *a: calls.append(1) or real(*a))
@@ -196,10 +200,7 @@ def test_the_one_pass_pull_follows_the_last_create_pulls_misses(monkeypatch, res
 
 
 def test_a_one_pass_pull_of_a_repeated_present_key_changes_nothing(monkeypatch, restore_threads):
-    monkeypatch.setattr(threads, "MIN_SLICE", 16)
-    monkeypatch.setattr(table_mod, "REGION_INSERT_MIN", 64)
-    monkeypatch.setattr(table_mod, "INSERT_FIRST_MIN", 64)
-    monkeypatch.setattr(table_mod, "INSERT_FIRST_MISS_RATE", 0.0)
+    _small_thresholds(monkeypatch, 0.0)
     threads.set_num_threads(2)
     t = SparseTable(2, AdaGrad(), name="t")
     old = np.arange(300, dtype=np.int64) * 7
