@@ -423,8 +423,9 @@ class SparseTable(RowAccess):
         rows: the rows a lookup and then an insert of the absent keys give (the new keys
         get ``next_row, next_row + 1, ...`` in key order).
 
-        Returns None, with the index as it was, when a key repeats (the caller's
-        two-pass pull then refuses or reports it as it does).
+        Returns None, with the index holding the keys it held (the room reserved
+        for the pull stays), when a key repeats: the caller's two-pass pull then
+        refuses or reports it as it does.
         """
         n = keys.shape[0]
         st = self._store

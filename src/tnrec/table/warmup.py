@@ -50,12 +50,16 @@ def warm() -> float:
         with tempfile.TemporaryDirectory() as d:
             t.save(f"{d}/t")
             SparseTable.load(f"{d}/t")
-    # A big insert and a big index's growth go by region (REGION_INSERT_MIN keys, slots).
+    # Big inserts and a big index's growth go by region (REGION_INSERT_MIN keys, slots):
+    # pulls of new keys found or inserted in one pass, one of present and new keys in
+    # one pass, then (after a pull that missed half) a lookup and a region insert.
     t = SparseTable(1, AdaGrad(), name="warm")
     big = np.arange(REGION_INSERT_MIN, dtype=np.int64)
     t.pull(big)
     t.reserve(2 * REGION_INSERT_MIN)
     t.pull(big + REGION_INSERT_MIN)
+    t.pull(np.arange(REGION_INSERT_MIN, 3 * REGION_INSERT_MIN, dtype=np.int64))
+    t.pull(big + 3 * REGION_INSERT_MIN)
     return time.perf_counter() - t0
 
 
