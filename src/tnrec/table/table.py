@@ -447,7 +447,7 @@ class SparseTable(RowAccess):
         )
         dups += index.find_or_insert_serial(slots, keys, first, deferred, rws, where)
         new = rws < 0
-        if dups or (checked and rows.count_key_duplicates(keys, rws, 0, st.bitmap)):
+        if dups or (checked and rows.count_row_duplicates(rws, st.bitmap)):  # present repeats
             index.delete(slots, keys[new], np.empty(n, np.int32), 0)  # rows never handed out
             return None
         made = int(index.number_new_rows(slots, rws, where, first))

@@ -176,6 +176,9 @@ def test_one_pass_find_or_insert_pulls_what_lookup_then_insert_pulls(
     np.testing.assert_array_equal(one_pass.rows_for(k), two_pass.rows_for(k))
     assert one_pass.stats().count == two_pass.stats().count == k.shape[0]
     np.testing.assert_array_equal(one_pass.bucket_rows(), two_pass.bucket_rows())
+    threads.set_num_threads(1)
+    one_thread, _ = _mixed_pulls(monkeypatch, 0.0)
+    np.testing.assert_array_equal(_occupied(one_pass), _occupied(one_thread))  # the same index
 
 
 def test_the_one_pass_pull_follows_the_last_create_pulls_misses(monkeypatch, restore_threads):
