@@ -353,6 +353,7 @@ class Model(TrainingSteps, torch.nn.Module):
         pulled = pull_rows(ps, prepared, create, stats)
         device = self.device
         step = {}
+        shared: dict[Any, Any] = {}  # what layers over the same bags compute once
         for table, layers in self._table_layers.items():
             part = prepared.tables[table]
             inverse, lays = part.inverse, part.layouts
@@ -371,7 +372,7 @@ class Model(TrainingSteps, torch.nn.Module):
             at = 0
             for layer, lay in zip(layers, lays, strict=True):
                 n = lay.keys.shape[0]
-                layer.prepare(batch, E, inverse[at : at + n], lay, cvm)
+                layer.prepare(batch, E, inverse[at : at + n], lay, cvm, shared)
                 at += n
             step[table] = TemporaryMatrix(part.keys, inverse, part.rows, E, trained)
         self._step = step

@@ -14,7 +14,7 @@ import torch
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import EmbeddingColumn, SequenceCategoryColumn
 from tnrec.layers.device import to_device
-from tnrec.layers.pooling import bag_scales, pool, sequence_positions
+from tnrec.layers.pooling import bag_scales, one_key_bags, pool, sequence_positions
 from tnrec.table import AdmissionPolicy, EvictionPolicy, Initializer, SparseOptimizer
 
 OUTPUTS = ("list", "concat", "dict")
@@ -31,6 +31,8 @@ class LayerStep:
     scales: npt.NDArray[np.float32]  # [C*B]
     sequences: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], torch.Tensor]]
     batch_size: int
+    # [B*C] each bag's only virtual id in concat order (-1: empty), if no bag has two keys
+    one_key: npt.NDArray[np.int32] | None = None
 
 
 def cvm_inputs(
@@ -326,6 +328,7 @@ class EmbeddingFeatures(torch.nn.Module):
         vids: npt.NDArray[np.int64],
         layout: BagLayout,
         cvm: torch.Tensor | None = None,
+        shared: dict[Any, Any] | None = None,
     ) -> None:
         """Set up this layer's step from the virtual ids of its columns (called by the model).
 
@@ -336,6 +339,10 @@ class EmbeddingFeatures(torch.nn.Module):
                 ``self.columns`` order (``sum(N_c)``).
             layout: the bags of ``self.columns`` in ``batch`` (:func:`bag_layout`).
             cvm: ``[U, 2]`` the keys' :func:`cvm_inputs` (read when ``self.cvm``).
+            shared: the step's cache of what layers over the same bags and
+                virtual ids compute once (:func:`~tnrec.layers.pooling.one_key_bags`),
+                keyed by the virtual ids' memory and length and the bag offsets'
+                array; the model passes one dict to every layer of a step.
 
         Raises:
             ArgumentError: the layer has ``cvm=True`` and ``cvm`` is None.
@@ -363,7 +370,10 @@ class EmbeddingFeatures(torch.nn.Module):
                         for c, col in enumerate(self.columns)
                     ]
                 )
-            self._step = LayerStep(batch, E, vids, bag_offsets, scales, {}, B)
+            one_key = None
+            if self.output == "concat":
+                one_key = self._one_key(vids, bag_offsets, B, E.shape[0], shared)
+            self._step = LayerStep(batch, E, vids, bag_offsets, scales, {}, B, one_key)
             return
         pooled_vids, pooled_offsets, scale_parts = [], [np.zeros(1, np.int64)], []
         sequences = {}
@@ -390,6 +400,24 @@ class EmbeddingFeatures(torch.nn.Module):
             batch_size=B,
         )
 
+    @staticmethod
+    def _one_key(
+        vids: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
+        B: int,
+        U: int,
+        shared: dict[Any, Any] | None,
+    ) -> npt.NDArray[np.int32] | None:
+        """:func:`one_key_bags` of the layer's bags, computed once for layers sharing them."""
+        if shared is None:
+            return one_key_bags(vids, offsets, B, U)
+        key = (vids.ctypes.data, vids.shape[0], id(offsets))
+        hit = shared.get(key)
+        if hit is None:
+            # the cache holds both arrays: their memory and ids are not reused while it lives
+            hit = shared[key] = (one_key_bags(vids, offsets, B, U), vids, offsets)
+        return hit[0]  # type: ignore[no-any-return]
+
     def release(self) -> None:
         """Drop the step's references (called by the model after the push)."""
         self._step = None
@@ -411,7 +439,13 @@ class EmbeddingFeatures(torch.nn.Module):
         if self.pooled_columns:
             if self.output == "concat":  # pooled in place: no [C, B, D] -> [B, C*D] copy
                 return pool(
-                    step.E, step.vids, step.offsets, step.scales, B, len(self.pooled_columns)
+                    step.E,
+                    step.vids,
+                    step.offsets,
+                    step.scales,
+                    B,
+                    len(self.pooled_columns),
+                    one_key=step.one_key,
                 )
             pooled = pool(step.E, step.vids, step.offsets, step.scales, B)  # [C*B, D]
             pooled = pooled.view(len(self.pooled_columns), B, D)  # [C, B, D]

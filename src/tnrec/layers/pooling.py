@@ -20,6 +20,19 @@ directly instead of pooling ``[C, B, D]`` and copying it through a
 ``permute``, and read back the same way by the backward (no copy of the
 gradient either).
 
+Bags of at most one key (one id per column and row, as in Criteo-style
+data) in the ``concat`` layout take kernels of their own on the CPU:
+:func:`one_key_bags` writes each bag's only virtual id in output order
+(``ids[b*C + c]``, -1 for an empty bag), and the forward copies ``E[ids[i]]``
+to block ``i`` of the output while the backward adds block ``i`` of the
+gradient to ``grad_E[ids[i]]``, both reading and writing in memory order.
+The strided walk of the general kernels over ``vids``, ``offsets`` and
+``scales`` cost twice as much once the dense network has pushed those arrays
+out of the caches. The forward gives the same bits (a one-key bag's scale is
+1 under every combiner); the backward adds a key's occurrences in row order
+rather than column order, which can change the last bits of a key used more
+than twice.
+
 Two implementations give these values. A CPU ``E`` is pooled by the numba
 kernels below, on the tensors' host memory. Any other ``E`` (a GPU's) is
 pooled by torch ops on its device (:func:`pool_torch`: ``index_select`` of
@@ -171,6 +184,99 @@ def _pool_backward(
         _unpool_all(grad_out, vids, offsets, scales, grad_E, B, batch_major, D)
 
 
+@nb.njit(nogil=True, cache=True)
+def _one_key_ids(
+    vids: np.ndarray, offsets: np.ndarray, B: int, ids: np.ndarray
+) -> bool:  # pragma: no cover - compiled
+    """Write bag ``c*B + b``'s virtual id to ``ids[b*C + c]`` (-1: empty); False at a bag of
+    two or more keys (``ids`` then partly written)."""
+    C = (offsets.shape[0] - 1) // B
+    for c in range(C):
+        for b in range(B):
+            j = c * B + b
+            lo = offsets[j]
+            n = offsets[j + 1] - lo
+            if n > 1:
+                return False
+            ids[b * C + c] = vids[lo] if n == 1 else -1
+    return True
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _gather_all(
+    E: np.ndarray, ids: np.ndarray, out: np.ndarray, D: int
+) -> None:  # pragma: no cover
+    for i in range(ids.shape[0]):
+        v = ids[i]
+        o = i * D
+        if v < 0:
+            for d in range(D):
+                out[o + d] = 0.0
+        else:
+            for d in range(D):
+                out[o + d] = E[v, d]
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _scatter_all(
+    grad_out: np.ndarray, ids: np.ndarray, grad_E: np.ndarray, D: int
+) -> None:  # pragma: no cover
+    for i in range(ids.shape[0]):
+        v = ids[i]
+        if v >= 0:
+            o = i * D
+            for d in range(D):
+                grad_E[v, d] += grad_out[o + d]
+
+
+@nb.njit(nogil=True, cache=True)
+def _one_key_forward(E: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """``out[i*D:(i+1)*D] = E[ids[i]]`` (zeros where ``ids[i] < 0``)."""
+    D = E.shape[1]
+    if D == 1:
+        _gather_all(E, ids, out, 1)
+    else:
+        _gather_all(E, ids, out, D)
+
+
+@nb.njit(nogil=True, cache=True)
+def _one_key_backward(
+    grad_out: np.ndarray, ids: np.ndarray, grad_E: np.ndarray
+) -> None:  # pragma: no cover - compiled
+    """``grad_E[ids[i]] += grad_out[i*D:(i+1)*D]`` where ``ids[i] >= 0``, in order of ``i``."""
+    D = grad_E.shape[1]
+    if D == 1:
+        _scatter_all(grad_out, ids, grad_E, 1)
+    else:
+        _scatter_all(grad_out, ids, grad_E, D)
+
+
+def one_key_bags(
+    vids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], batch_size: int, num_rows: int
+) -> npt.NDArray[np.int32] | None:
+    """Return each bag's only virtual id in ``concat`` order, or None if a bag has two or more.
+
+    ``ids[b*C + c]`` is the virtual id of bag ``c*B + b`` (column ``c``, row
+    ``b``; ``B = batch_size``), -1 for an empty bag: the bags of
+    :func:`pool` with ``concat_columns=C``, for the one-key kernels (see the
+    module docstring). None also for an empty batch and for ``num_rows``
+    (the temporary matrix's rows) beyond int32.
+
+    Example:
+        >>> vids = np.array([4, 7, 4], np.int64)
+        >>> offsets = np.array([0, 1, 1, 2, 3], np.int64)   # C=2, B=2: {4}, {}, {7}, {4}
+        >>> one_key_bags(vids, offsets, batch_size=2, num_rows=8)
+        array([ 4,  7, -1,  4], dtype=int32)
+        >>> one_key_bags(vids, np.array([0, 2, 3]), batch_size=1, num_rows=8) is None
+        True
+    """
+    bags = offsets.shape[0] - 1
+    if batch_size <= 0 or bags % batch_size or num_rows > np.iinfo(np.int32).max:
+        return None
+    ids = np.empty(bags, np.int32)  # [B*C]
+    return ids if _one_key_ids(vids, offsets, batch_size, ids) else None
+
+
 def bag_scales(lengths: npt.NDArray[np.int64], combiner: str) -> npt.NDArray[np.float32]:
     """Return the per-bag factor of ``combiner`` (sum, mean, sqrtn); empty bags get 1."""
     if combiner == "sum":
@@ -214,6 +320,27 @@ class PoolBags(torch.autograd.Function):
         return grad_E, None, None, None, None, None
 
 
+class PoolOneKey(torch.autograd.Function):
+    """``out[B, C*D] = E[ids]`` for bags of at most one key (:func:`one_key_bags`)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, E: torch.Tensor, ids: npt.NDArray[np.int32], batch_size: int
+    ) -> torch.Tensor:
+        D = E.shape[1]
+        out = torch.empty((batch_size, ids.shape[0] // batch_size * D), dtype=torch.float32)
+        _one_key_forward(E.detach().numpy(), ids, out.numpy().reshape(-1))
+        ctx.ids = ids
+        ctx.shape = (E.shape[0], D)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        grad_E = torch.zeros(ctx.shape, dtype=torch.float32)  # [U, D]
+        _one_key_backward(grad_out.contiguous().numpy().reshape(-1), ctx.ids, grad_E.numpy())
+        return grad_E, None, None
+
+
 def pool(
     E: torch.Tensor,
     vids: npt.NDArray[np.int64],
@@ -223,6 +350,7 @@ def pool(
     concat_columns: int = 0,
     *,
     torch_ops: bool | None = None,
+    one_key: npt.NDArray[np.int32] | None = None,
 ) -> torch.Tensor:
     """Return the pooled rows of ``E`` (differentiable in ``E``), on ``E``'s device.
 
@@ -230,7 +358,9 @@ def pool(
     ``concat_columns = C``, ``[B, C*D]`` (bag ``c*B + b`` at ``[b, c*D:(c+1)*D]``);
     ``B = batch_size``. See the module docstring. A CPU ``E`` is pooled by
     the numba kernels unless ``torch_ops`` (default :data:`TORCH_ON_CPU`) is
-    true; any other ``E`` by :func:`pool_torch`.
+    true; any other ``E`` by :func:`pool_torch`. ``one_key``, the
+    :func:`one_key_bags` of these bags, lets the CPU kernels of a ``concat``
+    pooling read it instead of ``vids``, ``offsets`` and ``scales``.
     """
     if concat_columns and offsets.shape[0] - 1 != concat_columns * batch_size:
         raise ArgumentError(
@@ -239,6 +369,13 @@ def pool(
         )
     if E.device.type != "cpu" or (TORCH_ON_CPU if torch_ops is None else torch_ops):
         return pool_torch(E, vids, offsets, scales, batch_size, concat_columns)
+    if one_key is not None and concat_columns:
+        if one_key.shape[0] != concat_columns * batch_size:
+            raise ArgumentError(
+                f"pool: one_key has {one_key.shape[0]} ids for "
+                f"concat_columns={concat_columns} x batch_size={batch_size} bags."
+            )
+        return PoolOneKey.apply(E, one_key, batch_size)  # type: ignore[no-any-return]
     return PoolBags.apply(E, vids, offsets, scales, batch_size, concat_columns)  # type: ignore[no-any-return]
 
 
