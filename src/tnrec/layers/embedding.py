@@ -14,7 +14,13 @@ import torch
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import EmbeddingColumn, SequenceCategoryColumn
 from tnrec.layers.device import to_device
-from tnrec.layers.pooling import bag_scales, one_key_bags, pool, sequence_positions
+from tnrec.layers.pooling import (
+    bag_scales,
+    numba_pools,
+    one_key_bags,
+    pool,
+    sequence_positions,
+)
 from tnrec.table import AdmissionPolicy, EvictionPolicy, Initializer, SparseOptimizer
 
 OUTPUTS = ("list", "concat", "dict")
@@ -28,7 +34,7 @@ class LayerStep:
     E: torch.Tensor  # [U, D], the table's temporary matrix (shared by every layer of the table)
     vids: npt.NDArray[np.int64]  # [N_layer] virtual ids of the layer's pooled columns, column-major
     offsets: npt.NDArray[np.int64]  # [C*B + 1] bags of the pooled columns
-    scales: npt.NDArray[np.float32]  # [C*B]
+    scales: npt.NDArray[np.float32] | None  # [C*B]; None: one_key pools, scales unread
     sequences: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], torch.Tensor]]
     batch_size: int
     # [B*C] each bag's only virtual id in concat order (-1: empty), if no bag has two keys
@@ -359,20 +365,22 @@ class EmbeddingFeatures(torch.nn.Module):
         B = batch.size
         bag_offsets = layout.offsets  # [C*B + 1]
         if not self.sequence_columns:  # every column pooled: the layout is the bags
-            lengths = np.diff(bag_offsets)  # [C*B]
-            combiners = {c.combiner for c in self.columns}
-            if len(combiners) == 1:
-                scales = bag_scales(lengths, combiners.pop())
-            else:
-                scales = np.concatenate(
-                    [
-                        bag_scales(lengths[c * B : (c + 1) * B], col.combiner)
-                        for c, col in enumerate(self.columns)
-                    ]
-                )
             one_key = None
-            if self.output == "concat":
+            if self.output == "concat" and numba_pools(E):
                 one_key = self._one_key(vids, bag_offsets, B, E.shape[0], shared)
+            scales = None
+            if one_key is None:
+                lengths = np.diff(bag_offsets)  # [C*B]
+                combiners = {c.combiner for c in self.columns}
+                if len(combiners) == 1:
+                    scales = bag_scales(lengths, combiners.pop())
+                else:
+                    scales = np.concatenate(
+                        [
+                            bag_scales(lengths[c * B : (c + 1) * B], col.combiner)
+                            for c, col in enumerate(self.columns)
+                        ]
+                    )
             self._step = LayerStep(batch, E, vids, bag_offsets, scales, {}, B, one_key)
             return
         pooled_vids, pooled_offsets, scale_parts = [], [np.zeros(1, np.int64)], []

@@ -341,11 +341,16 @@ class PoolOneKey(torch.autograd.Function):
         return grad_E, None, None
 
 
+def numba_pools(E: torch.Tensor, torch_ops: bool | None = None) -> bool:
+    """Whether :func:`pool` pools ``E`` with the numba kernels (else with :func:`pool_torch`)."""
+    return E.device.type == "cpu" and not (TORCH_ON_CPU if torch_ops is None else torch_ops)
+
+
 def pool(
     E: torch.Tensor,
     vids: npt.NDArray[np.int64],
     offsets: npt.NDArray[np.int64],
-    scales: npt.NDArray[np.float32],
+    scales: npt.NDArray[np.float32] | None,
     batch_size: int,
     concat_columns: int = 0,
     *,
@@ -358,16 +363,23 @@ def pool(
     ``concat_columns = C``, ``[B, C*D]`` (bag ``c*B + b`` at ``[b, c*D:(c+1)*D]``);
     ``B = batch_size``. See the module docstring. A CPU ``E`` is pooled by
     the numba kernels unless ``torch_ops`` (default :data:`TORCH_ON_CPU`) is
-    true; any other ``E`` by :func:`pool_torch`. ``one_key``, the
-    :func:`one_key_bags` of these bags, lets the CPU kernels of a ``concat``
-    pooling read it instead of ``vids``, ``offsets`` and ``scales``.
+    true; any other ``E`` by :func:`pool_torch` (:func:`numba_pools` says
+    which). ``one_key``, the :func:`one_key_bags` of these bags, lets the
+    numba kernels of a ``concat`` pooling read it instead of ``vids``,
+    ``offsets`` and ``scales``; ``scales`` may then be None.
+
+    Raises:
+        ArgumentError: the bags and ``concat_columns`` x ``batch_size`` or
+            ``one_key`` disagree, or ``scales`` is None where it is read.
     """
     if concat_columns and offsets.shape[0] - 1 != concat_columns * batch_size:
         raise ArgumentError(
             f"pool: {offsets.shape[0] - 1} bags are not "
             f"concat_columns={concat_columns} x batch_size={batch_size}."
         )
-    if E.device.type != "cpu" or (TORCH_ON_CPU if torch_ops is None else torch_ops):
+    if not numba_pools(E, torch_ops):
+        if scales is None:
+            raise ArgumentError("pool: the torch ops need the bags' scales; got None.")
         return pool_torch(E, vids, offsets, scales, batch_size, concat_columns)
     if one_key is not None and concat_columns:
         if one_key.shape[0] != concat_columns * batch_size:
@@ -376,6 +388,8 @@ def pool(
                 f"concat_columns={concat_columns} x batch_size={batch_size} bags."
             )
         return PoolOneKey.apply(E, one_key, batch_size)  # type: ignore[no-any-return]
+    if scales is None:
+        raise ArgumentError("pool: bags of several keys need their scales; got None.")
     return PoolBags.apply(E, vids, offsets, scales, batch_size, concat_columns)  # type: ignore[no-any-return]
 
 

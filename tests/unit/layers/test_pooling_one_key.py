@@ -158,3 +158,15 @@ def test_layers_over_the_same_bags_share_one_key_ids_and_two_keys_turn_them_off(
     assert ids_emb is not None and ids_emb is ids_wide  # computed once for both tables
     m.pull(_batch(rng, 16, ["a", "b"], two_keys_at=5))
     assert m.emb._step.one_key is None and m.wide._step.one_key is None
+
+
+def test_scales_may_be_left_out_only_where_the_one_key_kernels_pool():
+    vids, offsets = np.array([0, 1]), np.array([0, 1, 2])
+    ids = one_key_bags(vids, offsets, 2, 2)
+    E = torch.tensor([[1.0], [2.0]])
+    out = pool(E, vids, offsets, None, 2, 1, one_key=ids)
+    torch.testing.assert_close(out, torch.tensor([[1.0], [2.0]]))
+    with pytest.raises(ArgumentError, match="pool: bags of several keys need their scales"):
+        pool(E, vids, offsets, None, 2, 1)
+    with pytest.raises(ArgumentError, match="pool: the torch ops need the bags' scales"):
+        pool(E, vids, offsets, None, 2, 1, one_key=ids, torch_ops=True)
