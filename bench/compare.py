@@ -58,7 +58,14 @@ from compare_data import B, deepfm_data
 from compare_impls import IMPLS
 from compare_report import machine_runs, report
 from compare_run import run_one
-from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, cpu_line
+from machine_state import (
+    MachineState,
+    MachineWatch,
+    add_strict_flag,
+    check_runs,
+    cpu_line,
+    new_memory_ms_per_mib,
+)
 
 
 def _has_torchrec() -> str | None:
@@ -174,10 +181,12 @@ def main() -> int:
         print(f"TorchRec column skipped: {skipped}", file=sys.stderr)
         impls = [i for i in impls if i != "torchrec"]
     data_dir = Path(tempfile.gettempdir()) / f"tnrec_compare_deepfm_{a.deepfm_steps}_{a.test_steps}"
+    new_memory = [new_memory_ms_per_mib()]
     with MachineWatch() as whole:  # the children are waited for: their CPU is the bench's own
         if "deepfm" in models:
             deepfm_data(data_dir, a.deepfm_steps, a.test_steps)
         by_threads = {t: _run_set(a, t, models, impls, str(data_dir)) for t in a.threads}
+    new_memory.append(new_memory_ms_per_mib())
     check_runs(
         [run for t, res in by_threads.items() for run in machine_runs(res, f"threads {t}: ")],
         a.strict,
@@ -188,15 +197,19 @@ def main() -> int:
         f"machine: {cpu_line()}, {os.cpu_count()} CPUs; "
         f"load average {whole.state.load1_before:.2f} before the benchmark, "
         f"{whole.state.load1_after:.2f} after, others {whole.state.other_cores:.2f} cores "
-        "over it; "
-        f"torch {torch.__version__}; {a.steps} micro steps / {a.deepfm_steps} DeepFM steps "
-        f"of {B}, {a.warmup} untimed"
+        "over it; new memory "
+        f"{new_memory[0]:.2f} ms/MiB before, {new_memory[1]:.2f} after (machine_state."
+        f"new_memory_ms_per_mib); torch {torch.__version__}; {a.steps} micro steps / "
+        f"{a.deepfm_steps} DeepFM steps of {B}, {a.warmup} untimed"
     )
     for t, results in by_threads.items():
         print(f"\nthreads {t} (torch, numba, OpenMP and tnrec's tables, each run)")
         print(report(results, skipped))
     if a.out:
-        doc: dict[str, Any] = {"args": vars(a), "machine": whole.state.to_dict()}
+        doc: dict[str, Any] = {
+            "args": vars(a),
+            "machine": {**whole.state.to_dict(), "new_memory_ms_per_mib": new_memory},
+        }
         doc["by_threads"] = {str(t): res for t, res in by_threads.items()}
         if len(by_threads) == 1:  # also the layout the file had before --threads took a list
             doc["results"] = by_threads[a.threads[0]]

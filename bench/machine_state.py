@@ -257,6 +257,39 @@ def check_runs(runs: Iterable[tuple[str, MachineState | None]], strict: bool) ->
     return [head, *lines]
 
 
+def new_memory_ms_per_mib(mib: int = 64) -> float:
+    """Milliseconds per MiB to write memory this process maps now (one byte a page).
+
+    The kernel backs anonymous memory on first touch. On bare metal that costs
+    about 0.1 ms/MiB (zeroing 256 pages of 4 KiB); on a VM whose host backs the
+    guest's memory on first touch too, and takes freed guest memory back after
+    a while, it can cost 2 ms/MiB and more. A benchmark that allocates while it
+    is timed (tnrec's tables creating rows: 84 bytes a row at D = 16 with
+    AdaGrad, plus the index) pays that; one whose memory was allocated before
+    its timed steps (TorchRec's fixed tables) does not. Printed with each
+    benchmark's machine line so its figures can be read against it.
+
+    Example:
+        >>> new_memory_ms_per_mib(1) > 0
+        True
+    """
+    import mmap
+
+    import numpy as np
+
+    size = mib << 20
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        pages = np.frombuffer(m, np.uint8)
+        t0 = time.perf_counter()
+        pages[:: mmap.PAGESIZE] = 1
+        ms = (time.perf_counter() - t0) * 1e3
+        del pages
+    finally:
+        m.close()
+    return ms / mib
+
+
 # The vector extensions that decide which kernels fbgemm (TorchRec), torch and LLVM (numba)
 # pick on x86: the same benchmark on two hosts of one cloud CPU name can differ in these.
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile")

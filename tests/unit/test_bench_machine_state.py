@@ -251,3 +251,14 @@ def test_cpu_line_names_the_model_and_the_simd_flags_present_and_absent():
     assert line == "Some CPU; avx2 fma avx512f; no avx512bw avx512_vnni avx512_bf16 amx_tile"
     assert ms.cpu_line("") == "unknown CPU; no SIMD flags listed; no " + " ".join(ms.SIMD_FLAGS)
     assert ms.cpu_line().split(";")[0]  # this machine's /proc/cpuinfo, or "unknown CPU"
+
+
+def test_new_memory_probe_times_memory_it_maps_and_gives_back():
+    def rss_kib() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+    before = rss_kib()
+    ms_per_mib = ms.new_memory_ms_per_mib(16)
+    assert 0 < ms_per_mib < 1e3
+    assert rss_kib() - before < 8 << 10  # the 16 MiB it touched are unmapped again
