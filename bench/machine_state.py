@@ -266,8 +266,11 @@ def new_memory_ms_per_mib(mib: int = 64) -> float:
     a while, it can cost 2 ms/MiB and more. A benchmark that allocates while it
     is timed (tnrec's tables creating rows: 84 bytes a row at D = 16 with
     AdaGrad, plus the index) pays that; one whose memory was allocated before
-    its timed steps (TorchRec's fixed tables) does not. Printed with each
-    benchmark's machine line so its figures can be read against it.
+    its timed steps (TorchRec's fixed tables) does not. ``compare.py`` prints
+    it before and after its runs. It measures ``mib`` MiB, what a DeepFM pass
+    allocates: a VM can keep recently freed memory backed and still charge for
+    the rest, so it says little about a fill of a gigabyte, whose kernel time
+    ``table_bench.py`` reports itself ("fill sys ns/key").
 
     Example:
         >>> new_memory_ms_per_mib(1) > 0

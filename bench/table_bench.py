@@ -56,15 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from machine_state import (
-    MachineState,
-    MachineWatch,
-    add_strict_flag,
-    check_runs,
-    cpu_line,
-    mark,
-    new_memory_ms_per_mib,
-)
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, cpu_line, mark
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 MAX_DIM_100M = 16
@@ -359,7 +351,6 @@ def machine_info() -> dict[str, Any]:
         "torch": metadata.version("torch"),
         "tnrec": metadata.version("tnrec"),
         "load_avg_1m": os.getloadavg()[0],
-        "new_memory_ms_per_mib": new_memory_ms_per_mib(),
     }
 
 
@@ -618,8 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {info['cpu']}, {info['cores_usable']} usable cores, {info['memory_gib']} GiB; "
         f"python {info['python']}, numpy {info['numpy']}, numba {info['numba']}, "
         f"torch {info['torch']}, tnrec {info['tnrec']}; "
-        f"load average {info['load_avg_1m']:.1f} before the run; new memory "
-        f"{info['new_memory_ms_per_mib']:.2f} ms/MiB (machine_state.new_memory_ms_per_mib)"
+        f"load average {info['load_avg_1m']:.1f} before the run"
     )
     print(
         f"batches: {args.batches} x {human(args.batch)} unique keys, Zipf({args.zipf}), "
@@ -668,16 +658,13 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     whole.stop()
-    info["new_memory_ms_per_mib_after"] = new_memory_ms_per_mib()
     check_runs(machine_runs(results), args.strict)
     print()
     print(report(results))
     print(f"\nnumpy's transparent huge pages: {args.hugepages} ({_thp_mode()})")
     print(
         f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; over the whole run "
-        f"{whole.state.summary()} (load average before/after); new memory "
-        f"{info['new_memory_ms_per_mib']:.2f} ms/MiB before, "
-        f"{info['new_memory_ms_per_mib_after']:.2f} after"
+        f"{whole.state.summary()} (load average before/after)"
     )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
