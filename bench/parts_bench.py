@@ -1,6 +1,6 @@
-"""Single parts of a step, timed alone: the normal initializer, and dense Adam default vs fused.
+"""Single parts of a step, timed alone: the initializer, dense Adam, the concat pooling.
 
-    NUMBA_CACHE_DIR=.numba_cache python3 bench/parts_bench.py      # ~20 seconds
+    NUMBA_CACHE_DIR=.numba_cache python3 bench/parts_bench.py      # ~30 seconds
     python3 bench/parts_bench.py --strict
 
 * **initializer**: ``rows.init_vectors`` (what ``create_rows`` runs for each new
@@ -8,7 +8,12 @@
 * **Adam**: ``torch.optim.Adam`` on DeepFM's MLP parameters (429-400-400-400-1)
   and on the micro model's ``Linear(32, 1)``, gradients set, the default
   implementation against ``fused=True`` (what ``tn.optimizer.Adam`` builds),
-  median of 50 steps, 1 torch thread.
+  median of 50 steps, 1 torch thread;
+* **pooling**: a DeepFM-shaped ``output="concat"`` layer (26 columns, 4096
+  rows, one key or none a bag, 24k unique keys) at D = 16 and D = 1, forward
+  and backward, by the general kernels and by the one-key kernels
+  (``layers/pooling.py``), median of 25: *hot* right after the same call,
+  *cold* after reading 96 MB (as after a dense network's step).
 
 The machine's state is recorded around the whole run (``machine_state.py``).
 """
@@ -55,6 +60,52 @@ def adam_ms(shapes: list[tuple[int, ...]], fused: bool) -> float:
     return _median_s(opt.step, 50) * 1e3
 
 
+def pooling_ms(dim: int, cold: bool) -> dict[str, float]:
+    """Forward and backward ms of the general and the one-key kernels on DeepFM-shaped bags."""
+    from tnrec.layers import pooling
+
+    rng = np.random.default_rng(0)
+    C, B, U = 26, 4096, 24_000
+    lengths = (rng.random(C * B) >= 0.08).astype(np.int64)  # [C*B] 8% empty bags
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # [C*B + 1]
+    vids = rng.integers(0, U, int(offsets[-1])).astype(np.int64)  # [N]
+    scales = pooling.bag_scales(lengths, "sum")
+    ids = pooling.one_key_bags(vids, offsets, B, U)
+    assert ids is not None
+    E = rng.standard_normal((U, dim)).astype(np.float32)
+    grad = rng.standard_normal(B * C * dim).astype(np.float32)
+    flush = [np.ones(4_000_000) for _ in range(3)]  # 96 MB
+
+    def timed(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(25):
+            if cold:
+                for f in flush:
+                    f.sum()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times)) * 1e3
+
+    def out() -> np.ndarray:
+        return torch.empty(B * C * dim).numpy()
+
+    def zeros() -> np.ndarray:
+        return torch.zeros(U, dim).numpy()
+
+    calls = {
+        "forward, general": lambda: pooling._pool_forward(E, vids, offsets, scales, out(), B, True),
+        "forward, one-key": lambda: pooling._one_key_forward(E, ids, out()),
+        "backward, general": lambda: pooling._pool_backward(
+            grad, vids, offsets, scales, zeros(), B, True
+        ),
+        "backward, one-key": lambda: pooling._one_key_backward(grad, ids, zeros()),
+    }
+    for fn in calls.values():
+        fn()  # compile / load from the cache
+    return {name: timed(fn) for name, fn in calls.items()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_strict_flag(p)
@@ -66,12 +117,19 @@ def main() -> int:
         init = initializer_ns()
         rows = [(name, adam_ms(s, False), adam_ms(s, True)) for name, s in (
             ("DeepFM MLP", deepfm), ("micro Linear(32, 1)", micro))]  # fmt: skip
+        pools = {(d, cold): pooling_ms(d, cold) for d in (16, 1) for cold in (False, True)}
     notes = check_runs([("parts_bench", watch.state)], a.strict)
     print(f"machine: {watch.state.summary()}")
     print(f"normal initializer, dim 16, 1M keys: {init:.1f} ns a key ({init / 16:.1f} an element)")
     print(f"{'Adam step, 1 thread':22s} {'default ms':>10s} {'fused ms':>9s}")
     for name, default, fused in rows:
         print(f"{name:22s} {default:10.3f} {fused:9.3f}")
+    print()
+    print("concat pooling, 26 columns x 4096 rows, one key or none a bag, ms")
+    print(f"{'':20s}" + "".join(f"{f'D={d} {c}':>12s}" for d in (16, 1) for c in ("hot", "cold")))
+    for name in pools[(16, False)]:
+        cells = "".join(f"{pools[(d, c)][name]:12.3f}" for d in (16, 1) for c in (False, True))
+        print(f"{name:20s}{cells}")
     for line in notes:
         print(line)
     return 0
