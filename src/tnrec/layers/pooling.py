@@ -325,10 +325,10 @@ class PoolOneKey(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, E: torch.Tensor, ids: npt.NDArray[np.int32], batch_size: int
+        ctx: Any, E: torch.Tensor, ids: npt.NDArray[np.int32], batch_size: int, columns: int
     ) -> torch.Tensor:
         D = E.shape[1]
-        out = torch.empty((batch_size, ids.shape[0] // batch_size * D), dtype=torch.float32)
+        out = torch.empty((batch_size, columns * D), dtype=torch.float32)
         _one_key_forward(E.detach().numpy(), ids, out.numpy().reshape(-1))
         ctx.ids = ids
         ctx.shape = (E.shape[0], D)
@@ -338,7 +338,7 @@ class PoolOneKey(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         grad_E = torch.zeros(ctx.shape, dtype=torch.float32)  # [U, D]
         _one_key_backward(grad_out.contiguous().numpy().reshape(-1), ctx.ids, grad_E.numpy())
-        return grad_E, None, None
+        return grad_E, None, None, None
 
 
 def numba_pools(E: torch.Tensor, torch_ops: bool | None = None) -> bool:
@@ -387,7 +387,7 @@ def pool(
                 f"pool: one_key has {one_key.shape[0]} ids for "
                 f"concat_columns={concat_columns} x batch_size={batch_size} bags."
             )
-        return PoolOneKey.apply(E, one_key, batch_size)  # type: ignore[no-any-return]
+        return PoolOneKey.apply(E, one_key, batch_size, concat_columns)  # type: ignore[no-any-return]
     if scales is None:
         raise ArgumentError("pool: bags of several keys need their scales; got None.")
     return PoolBags.apply(E, vids, offsets, scales, batch_size, concat_columns)  # type: ignore[no-any-return]

@@ -498,6 +498,10 @@ def find_or_insert_regions(
     ``where[i]``. Every live row is below ``first_row``, so a slot holding a row at
     or above it was inserted by this call: meeting its key again is a repeat.
     Returns the number of repeats.
+
+    Its probe loop is :func:`insert_new_regions`'s plus the row tracking, kept
+    apart: one loop for both, the tracking behind a flag, costs a fill of new
+    keys 20-30% more user time.
     """
     mine, m = _keys_of_regions(homes, shift, r0, r1)
     base = slots.ctypes.data

@@ -170,3 +170,12 @@ def test_scales_may_be_left_out_only_where_the_one_key_kernels_pool():
         pool(E, vids, offsets, None, 2, 1)
     with pytest.raises(ArgumentError, match="pool: the torch ops need the bags' scales"):
         pool(E, vids, offsets, None, 2, 1, one_key=ids, torch_ops=True)
+
+
+def test_one_key_pooling_of_an_empty_batch_gives_no_rows():
+    E = torch.ones(3, 4, requires_grad=True)
+    ids = np.zeros(0, np.int32)
+    out = pool(E, np.zeros(0, np.int64), np.zeros(1, np.int64), None, 0, 2, one_key=ids)
+    assert out.shape == (0, 8)
+    out.sum().backward()
+    assert E.grad is not None and not E.grad.any()
