@@ -27,8 +27,8 @@ data) in the ``concat`` layout take kernels of their own on the CPU:
 to block ``i`` of the output while the backward adds block ``i`` of the
 gradient to ``grad_E[ids[i]]``, both reading and writing in memory order.
 The strided walk of the general kernels over ``vids``, ``offsets`` and
-``scales`` cost twice as much once the dense network has pushed those arrays
-out of the caches. The forward gives the same bits (a one-key bag's scale is
+``scales`` costs about twice as much once the dense network has pushed those
+arrays out of the caches (``bench/parts_bench.py``). The forward gives the same bits (a one-key bag's scale is
 1 under every combiner); the backward adds a key's occurrences in row order
 rather than column order, which can change the last bits of a key used more
 than twice.
