@@ -28,10 +28,10 @@ to block ``i`` of the output while the backward adds block ``i`` of the
 gradient to ``grad_E[ids[i]]``, both reading and writing in memory order.
 The strided walk of the general kernels over ``vids``, ``offsets`` and
 ``scales`` costs about twice as much once the dense network has pushed those
-arrays out of the caches (``bench/parts_bench.py``). The forward gives the same bits (a one-key bag's scale is
-1 under every combiner); the backward adds a key's occurrences in row order
-rather than column order, which can change the last bits of a key used more
-than twice.
+arrays out of the caches (``bench/parts_bench.py``). The forward gives the
+same bits (a one-key bag's scale is 1 under every combiner); the backward
+adds a key's occurrences in row order rather than column order, which can
+change the last bits of a key used more than twice.
 
 Two implementations give these values. A CPU ``E`` is pooled by the numba
 kernels below, on the tensors' host memory. Any other ``E`` (a GPU's) is
