@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -39,9 +41,40 @@ def test_the_script_says_no_cuda_device_and_exits_0_or_prints_its_table():
     assert "50-step equivalence" in out.stdout
 
 
-def test_the_equivalence_of_two_cpu_runs_is_exact():
-    diffs = gpu_check.equivalence(steps=3, batch=128, devices=("cpu", "cpu"))
-    assert diffs == {"predictions": 0.0, "dense params": 0.0, "table rows": 0.0}
+@pytest.mark.parametrize("optimizers", ["sgd", "adam"])
+def test_the_equivalence_of_two_cpu_runs_is_exact(optimizers):
+    diffs = gpu_check.equivalence(steps=3, batch=128, devices=("cpu", "cpu"), optimizers=optimizers)
+    losses = [v for k, v in diffs.items() if "log loss" in k]
+    assert len(losses) == 2 and losses[0] == losses[1] and 0.1 < losses[0] < 1.5
+    assert len(diffs) == 7 and {v for k, v in diffs.items() if "log loss" not in k} == {0.0}
+    ok, lines = gpu_check.equivalence_lines(diffs, optimizers)
+    assert ok and len(lines) == 7
+
+
+def test_the_equivalence_verdict_holds_sgd_to_every_difference_and_adam_to_the_gradients():
+    diffs = {
+        "first step's dense gradients (relative)": 1e-6,
+        "first step's pushed row gradients (relative)": 1e-6,
+        "predictions": 3e-3,  # Adam's sign noise
+        "dense params": 2e-2,
+        "table rows": 1e-3,
+        "held-out log loss, first device": 0.5,
+        "held-out log loss, second device": 0.50001,
+    }
+    assert gpu_check.equivalence_lines(diffs, "adam")[0]
+    assert not gpu_check.equivalence_lines(diffs, "sgd")[0]
+    assert not gpu_check.equivalence_lines({**diffs, "held-out log loss, second device": 0.51},
+                                           "adam")[0]  # fmt: skip
+    assert not gpu_check.equivalence_lines(
+        {**diffs, "first step's dense gradients (relative)": 1e-3}, "adam"
+    )[0]
+
+
+def test_relative_differences_scale_by_the_first_arrays_largest_value():
+    a = {"x": np.array([2.0, -4.0]), "y": np.zeros(3)}
+    b = {"x": np.array([2.0, -4.1]), "y": np.full(3, 0.2)}
+    assert gpu_check.relative(a, b) == pytest.approx(0.2 / 4.0)
+    assert gpu_check.relative({"x": np.zeros(2)}, {"x": np.ones(2)}) == 1.0
 
 
 def test_the_split_times_the_host_parts_and_restores_what_it_wrapped():
@@ -64,3 +97,39 @@ def test_a_row_of_the_table_lines_up_with_the_header(capsys):
     full, bag = capsys.readouterr().out.splitlines()
     assert len(full) == len(bag) == len(gpu_check.HEADER)
     assert full.split()[-4:] == ["1.0", "0.5", "0.2", "2.4"] and bag.split()[-4:] == ["-"] * 4
+
+
+def test_the_dense_only_step_trains_the_dense_part_and_keeps_the_inputs_gradient():
+    batches = gpu_check.make_batches(2, 64, seed=3)
+    step = gpu_check.DenseOnly(64, torch.device("cpu"))
+    before = [p.detach().clone() for p in step.model.parameters()]
+    for b in batches:
+        step.train_step(b)
+    after = list(step.model.parameters())
+    assert before and all(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert step.emb.grad.shape == (64, gpu_check.COLUMNS * gpu_check.DIM)
+    assert step.wide.grad.abs().sum() > 0
+
+
+def test_the_ratios_read_one_batch_sizes_rows():
+    rows = [
+        (16384, "tnrec DeepFM cpu", 100.0, 1.0, 0.1, 0.1, 0.0, 0.8),
+        ("", "  machine: quiet"),
+        (16384, "tnrec DeepFM cuda", 600.0, 1.0, 0.1, 0.1, 0.1, 0.7),
+        (16384, "EmbeddingBag cuda", 900.0, 1.0, None, None, None, None),
+        (16384, "dense-only cuda", 720.0, 1.0, None, None, None, None),
+    ]
+    line = gpu_check.ratios(rows)
+    assert line.split()[0] == "16384"
+    assert "cuda / cpu samples/s 6.00x" in line and "dense-only step on cuda 1.20" in line
+
+
+def test_the_w2_check_runs_two_workers_under_torchrun_and_matches_one_process():
+    line = gpu_check.w2_check("cpu")
+    assert line.startswith("W = 2 with gloo dense on the CPU"), line
+    assert line.endswith(": ok") and "second groups ['gloo']" in line, line
+
+
+def test_the_profile_lists_the_steps_ops():
+    table = gpu_check.profile(64, steps=2, rows=10, device="cpu")
+    assert "Self CPU" in table and "aten::" in table

@@ -1,4 +1,7 @@
-"""pool_torch: the torch-ops pooling (a GPU's) against the numba kernels, on the CPU."""
+"""pool_torch: the torch-ops pooling (a GPU's) against the numba kernels.
+
+On the CPU everywhere; on CUDA too where ``torch.cuda.is_available()``.
+"""
 
 import numpy as np
 import pytest
@@ -16,17 +19,21 @@ OFFSETS = np.array([0, 2, 2, 3, 4, 7, 7], np.int64)  # [C*B + 1]
 
 COMBINERS = [pytest.param(c, id=c) for c in ("sum", "mean", "sqrtn")]
 LAYOUTS = [pytest.param(0, id="bags"), pytest.param(1, id="concat")]
+#: Where the torch ops run: the CPU, and CUDA where this machine has it.
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
-def both(E0, vids, offsets, scales, B, concat, grad_seed=0):
-    """Pool with each implementation; return ``(out, E.grad)`` of numba, then of torch."""
+def both(E0, vids, offsets, scales, B, concat, grad_seed=0, device="cpu"):
+    """Pool with each implementation; return ``(out, E.grad)`` of numba, then of torch ops
+    (on ``device``)."""
     results = []
     for torch_ops in (False, True):
-        E = E0.clone().requires_grad_(True)
+        E = E0.clone().to(device if torch_ops else "cpu").requires_grad_(True)
         out = pool(E, vids, offsets, scales, B, concat, torch_ops=torch_ops)
+        assert out.device == E.device
         g = torch.from_numpy(np.random.default_rng(grad_seed).normal(size=out.shape))
-        (out * g.float()).sum().backward()
-        results.append((out.detach().numpy(), E.grad.numpy()))
+        (out * g.float().to(E.device)).sum().backward()
+        results.append((out.detach().cpu().numpy(), E.grad.cpu().numpy()))
     return results
 
 
@@ -55,7 +62,8 @@ def test_pool_torch_matches_numba_on_the_literal_bags(combiner, concat):
 @pytest.mark.parametrize("concat", LAYOUTS)
 @pytest.mark.parametrize("D", [1, 3, 8], ids=["D1", "D3", "D8"])
 @pytest.mark.parametrize("seed", range(5), ids=[f"seed{s}" for s in range(5)])
-def test_pool_torch_matches_numba_on_random_bags(combiner, concat, D, seed):
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_torch_matches_numba_on_random_bags(combiner, concat, D, seed, device):
     rng = np.random.default_rng(seed)
     U, C, B = 40, 3, 17
     lengths = rng.integers(0, 5, C * B)  # [C*B], about a fifth of the bags empty
@@ -65,7 +73,7 @@ def test_pool_torch_matches_numba_on_random_bags(combiner, concat, D, seed):
     vids = rng.integers(0, U, offsets[-1]).astype(np.int64)  # [N], repeats within bags
     E0 = torch.from_numpy(rng.normal(size=(U, D)).astype(np.float32))  # [U, D]
     scales = bag_scales(lengths, combiner)
-    res = both(E0, vids, offsets, scales, B, C if concat else 0, grad_seed=seed)
+    res = both(E0, vids, offsets, scales, B, C if concat else 0, grad_seed=seed, device=device)
     (out, grad), (out_t, grad_t) = res
     assert out_t.shape == out.shape == ((B, C * D) if concat else (C * B, D))
     np.testing.assert_allclose(out_t, out, rtol=1e-6, atol=1e-6)
@@ -75,13 +83,15 @@ def test_pool_torch_matches_numba_on_random_bags(combiner, concat, D, seed):
 
 
 @pytest.mark.parametrize("concat", LAYOUTS)
-def test_pool_torch_of_an_empty_batch_and_of_only_empty_bags(concat):
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_torch_of_an_empty_batch_and_of_only_empty_bags(concat, device):
     E0 = torch.from_numpy(ROWS)
     C = 2 if concat else 0
-    none = pool_torch(E0, VIDS[:0], np.zeros(1, np.int64), np.ones(0, np.float32), 0, C)
-    assert none.shape == ((0, 4) if concat else (0, 2))
+    none = pool_torch(E0.to(device), VIDS[:0], np.zeros(1, np.int64), np.ones(0, np.float32), 0, C)
+    assert none.shape == ((0, 4) if concat else (0, 2)) and none.device == E0.to(device).device
     empty = np.zeros(7, np.int64)  # C = 2 columns of B = 3 empty bags
-    (out, grad), (out_t, grad_t) = both(E0, VIDS[:0], empty, np.ones(6, np.float32), 3, C)
+    ones = np.ones(6, np.float32)
+    (out, grad), (out_t, grad_t) = both(E0, VIDS[:0], empty, ones, 3, C, device=device)
     np.testing.assert_array_equal(out_t, out)
     assert not out_t.any() and not grad_t.any()
 
