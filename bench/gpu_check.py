@@ -43,10 +43,10 @@ from a hidden logistic model), it runs:
    two GPUs or more each worker has its own and the dense all-reduce runs on
    the NCCL group :mod:`tnrec.ps.dense` creates; with one GPU both workers
    share it and the dense part is summed on a gloo group through host copies
-   (NCCL refuses two ranks on one GPU).
+   (NCCL wants a GPU a rank). The NCCL branch has not run: no machine here had two GPUs.
 
-Each run records the machine's state (``machine_state.py``). Written on a
-machine without a GPU: only the no-CUDA branch has been run.
+Each run records the machine's state (``machine_state.py``). ``bench/gpu_suite.sh``
+runs this script with ``--profile`` and then the tests with CUDA branches.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def w2_check(device_type: str = "cuda") -> str:
 
     With two GPUs or more each worker has its own and the dense part is summed
     by NCCL; with one, both workers share it and the dense part is summed by
-    gloo through host copies (NCCL refuses two ranks on one GPU). ``device_type="cpu"``:
+    gloo through host copies (NCCL wants a GPU a rank). ``device_type="cpu"``:
     the same on the CPU (the harness's check where there is no GPU).
     """
     cuda = device_type == "cuda"
@@ -501,7 +501,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print(no_cuda_line())
         return 0
-    # Not run here (no GPU where this was written): the CUDA branch.
     import numba
 
     print(

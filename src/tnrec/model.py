@@ -73,7 +73,7 @@ class Model(TrainingSteps, torch.nn.Module):
     The tables stay on the host; the dense part runs on :attr:`device`, where
     ``model.to(device)`` puts the dense parameters: each step's temporary
     matrices, dense features and labels go there, and predictions and
-    ``E.grad`` come back (:mod:`tnrec.layers.device`; run on the CPU only so far).
+    ``E.grad`` come back (:mod:`tnrec.layers.device`; run on the CPU and on CUDA).
 
     For your own training loop::
 
@@ -547,7 +547,7 @@ class Model(TrainingSteps, torch.nn.Module):
                 ``forward_dense`` under ``torch.autocast(dtype=torch.bfloat16)``
                 on :attr:`device`. The outputs are cast to float32 before the
                 loss, which is float32; the tables' rows, the temporary matrix
-                and the pushed gradients stay float32 either way. Tested on the CPU.
+                and the pushed gradients stay float32 either way. Tested on the CPU and CUDA.
 
         Raises:
             ArgumentError: unknown loss or metric, bad clip_norm or precision.

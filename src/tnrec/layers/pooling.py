@@ -404,7 +404,7 @@ def pool_torch(
     """:func:`pool` in torch ops on ``E``'s device, differentiated by autograd.
 
     The bags' arrays go to the device (three host-to-device copies); each
-    occurrence's output row is computed there. Run on the CPU only here.
+    occurrence's output row is computed there. Tested on the CPU and CUDA.
 
     Example:
         >>> E = torch.tensor([[1.0, 2.0], [10.0, 20.0]])              # [U=2, D=2]

@@ -14,8 +14,9 @@ take the backend :func:`dense_backend_for` names for that device:
 A second group is created the first time a dense collective needs it: a
 collective itself, which every worker reaches at the same point, since a
 synchronous step's dense collectives come in the same order on every worker.
-The NCCL path has not run on a GPU (``docs/gpu.md``); the tests run the
-second-group path with a gloo group.
+The NCCL path has not run (it needs a GPU a worker; ``docs/gpu.md``); the
+tests run the second-group path with a gloo group, on the CPU and with two
+workers sharing one GPU.
 The small counts a step sums with its gradients (non-finite flags, missing
 gradients) ride in the same buffer, on the same device.
 """

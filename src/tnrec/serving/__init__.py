@@ -86,7 +86,7 @@ class Predictor:
             ``"cuda"`` / ``"cuda:N"``. The dictionaries stay on the host (keys
             are looked up and pooled there); the graph's inputs move to the
             device and the predictions come back as numpy
-            (:mod:`tnrec.serving.device`; CUDA not run on a GPU here).
+            (:mod:`tnrec.serving.device`).
         aot: run the dense graph compiled ahead of time (``torch._inductor``'s
             AOT package, the analogue of TensorNet's XLA AOT path), on the CPU.
             It needs a C++ compiler the first time an export is seen (about a
