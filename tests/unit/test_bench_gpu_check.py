@@ -112,16 +112,34 @@ def test_the_dense_only_step_trains_the_dense_part_and_keeps_the_inputs_gradient
 
 
 def test_the_ratios_read_one_batch_sizes_rows():
+    def row(name, sps):
+        return (16384, name, sps, 1.0, None, None, None, None)
+
     rows = [
-        (16384, "tnrec DeepFM cpu", 100.0, 1.0, 0.1, 0.1, 0.0, 0.8),
+        row("tnrec cpu pass 1", 100.0),
         ("", "  machine: quiet"),
-        (16384, "tnrec DeepFM cuda", 600.0, 1.0, 0.1, 0.1, 0.1, 0.7),
-        (16384, "EmbeddingBag cuda", 900.0, 1.0, None, None, None, None),
-        (16384, "dense-only cuda", 720.0, 1.0, None, None, None, None),
+        row("tnrec cpu pass 2", 200.0),
+        row("tnrec cuda pass 1", 600.0),
+        row("tnrec cuda pass 2", 800.0),
+        row("EmbeddingBag cuda", 900.0),
+        row("dense-only cuda", 720.0),
     ]
     line = gpu_check.ratios(rows)
     assert line.split()[0] == "16384"
-    assert "cuda / cpu samples/s 6.00x" in line and "dense-only step on cuda 1.20" in line
+    assert "cuda / cpu samples/s: pass 1 6.00x, pass 2 4.00x" in line, line
+    assert "dense-only step on cuda: pass 1 1.20, pass 2 0.90" in line, line
+
+
+def test_throughput_times_two_passes_and_the_baselines_on_the_last_device():
+    rows = gpu_check.throughput(64, 2, 1, 1000, devices=("cpu",))
+    table = [r for r in rows if len(r) > 2]
+    names = [r[1] for r in table]
+    assert names == ["tnrec cpu pass 1", "tnrec cpu pass 2", "EmbeddingBag cpu", "dense-only cpu"]
+    for r in table:
+        assert r[0] == 64 and r[2] > 0 and r[3] > 0
+    for r in table[:2]:  # pull, push, transfer and rest add up to the step
+        assert min(r[4:]) >= 0 and abs(sum(r[4:]) - r[3]) < 1e-6 * r[3] + 1e-9
+    assert all(len(r) == 2 and "machine:" in r[1] for r in rows if len(r) == 2)
 
 
 def test_the_w2_check_runs_two_workers_under_torchrun_and_matches_one_process():
