@@ -9,8 +9,7 @@ dense optimizer.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +34,30 @@ def _all_finite(t: torch.Tensor) -> bool:
     if t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad:
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
+
+
+def _finite_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:
+    """Whether each of ``tensors`` holds only finite values.
+
+    CPU float32 tensors are checked by :func:`_all_finite`. The others (a
+    model's on a GPU) are summed where they are, one reduction each, and the
+    sums are checked together, one wait for the device per device: a finite
+    sum means finite values (a NaN or an infinity makes the sum NaN or
+    infinite), and a sum that is not finite (one of those, or finite values
+    that overflow) has its tensor checked value by value.
+    """
+    flags = [True] * len(tensors)
+    off: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.dtype == torch.float32 and t.device.type == "cpu":
+            flags[i] = _all_finite(t.detach())
+        else:
+            off.setdefault(t.device, []).append(i)
+    for at in off.values():
+        sums = torch.stack([tensors[i].detach().sum(dtype=torch.float32) for i in at])  # [n]
+        for i, ok in zip(at, to_host(torch.isfinite(sums)).tolist(), strict=True):
+            flags[i] = ok or _all_finite(tensors[i].detach())
+    return flags
 
 
 def _float32(t: torch.Tensor) -> torch.Tensor:
@@ -245,21 +268,23 @@ class TrainingSteps(TrainingLoops):
     @staticmethod
     def _bad_flags(loss: torch.Tensor, step: Mapping[str, Any]) -> npt.NDArray[np.float64]:
         """``[loss not finite, then one flag per table: its gradient not finite]``."""
-        return np.array(
-            [
-                not math.isfinite(float(loss.detach())),
-                *(tm.E.grad is not None and not _all_finite(tm.E.grad) for tm in step.values()),
-            ],
-            np.float64,
-        )
+        grads = [(j, tm.E.grad) for j, tm in enumerate(step.values()) if tm.E.grad is not None]
+        finite = _finite_flags([loss.reshape(1), *(g for _, g in grads)])
+        bad = np.zeros(1 + len(step), np.float64)
+        bad[0] = not finite[0]
+        for (j, _), ok in zip(grads, finite[1:], strict=True):
+            bad[1 + j] = not ok
+        return bad
 
     def _non_finite_dense(self) -> list[str]:
         """The trainable dense parameters whose gradient is NaN or infinite."""
-        return [
-            n
+        named = [
+            (n, p.grad)
             for n, p in self.named_parameters()
-            if p.requires_grad and p.grad is not None and not _all_finite(p.grad)
+            if p.requires_grad and p.grad is not None
         ]
+        finite = _finite_flags([g for _, g in named])
+        return [n for (n, _), ok in zip(named, finite, strict=True) if not ok]
 
     def _task_gradients(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
         """Return each head's gradient of ``params`` on this worker, ``float64[T, P]``."""
