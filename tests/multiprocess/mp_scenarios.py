@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import tnrec as tn
+import tnrec.steps
 from tnrec.data.batch import Batch, Jagged
 from tnrec.table import AdaGrad, Adam, Ftrl
 
@@ -453,6 +454,7 @@ def run_schedule(rank: int, world: int) -> dict[str, np.ndarray]:
 SCENARIOS = {
     "contract": run_contract,
     "contract_dense_gloo": run_contract,  # the same, the dense part on a second gloo group
+    "contract_push_beside": run_contract,  # the same, each push beside the dense step
     "cvm_frozen": run_cvm_frozen,
     "pipeline": run_pipeline,
     "timeout": run_timeout,
@@ -466,6 +468,8 @@ def main() -> None:
     timeout_s = float(sys.argv[3]) if len(sys.argv) > 3 else 120.0
     torch.set_num_threads(1)
     dense_backend = "gloo" if scenario == "contract_dense_gloo" else None
+    if scenario == "contract_push_beside":
+        tnrec.steps.PUSH_BESIDE_DENSE_STEP = True  # the sparse exchange from the push thread
     strategy = tn.distribute.PsStrategy(timeout_s=timeout_s, dense_backend=dense_backend)
     if scenario == "uneven":
         out = run_uneven(strategy.rank, strategy.world_size, sys.argv[4])

@@ -35,13 +35,14 @@ def reference():
 
 @pytest.mark.parametrize(
     ("world", "scenario"),
-    [(2, "contract"), (3, "contract"), (2, "contract_dense_gloo")],
-    ids=["2", "3", "2-dense-group"],
+    [(2, "contract"), (3, "contract"), (2, "contract_dense_gloo"), (2, "contract_push_beside")],
+    ids=["2", "3", "2-dense-group", "2-push-beside"],
 )
 def test_w_workers_train_the_same_model_as_one(launch, tmp_path, reference, world, scenario):
     """``contract_dense_gloo``: ``PsStrategy(dense_backend="gloo")``, so the dense all-reduce
     and broadcasts run on a second process group (what a CUDA model's NCCL group is), the
-    sparse exchange on the first."""
+    sparse exchange on the first. ``contract_push_beside``: every step pushes (its sparse
+    exchange included) in a second thread while the dense optimizer steps."""
     res = launch(world, [scenario, str(tmp_path)])
     assert res.returncode == 0, res.stdout + res.stderr
     parts = load(tmp_path, scenario, world)

@@ -35,6 +35,7 @@ from tnrec.errors import ArgumentError
 
 __all__ = [
     "MIN_SLICE",
+    "cpus_per_worker",
     "get_local_workers",
     "get_num_threads",
     "run",
@@ -63,12 +64,17 @@ def _default_threads() -> int:
                 f"Received: {text!r}."
             )
         return n
+    return max(1, min(cpus_per_worker(), _MAX_DEFAULT))
+
+
+def cpus_per_worker() -> int:
+    """The CPUs this process may run on, divided by the workers sharing the machine
+    (:func:`set_local_workers`), at least 1."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
-    # the workers on this machine share its CPUs
-    return max(1, min(cpus // _local_workers, _MAX_DEFAULT))
+    return max(1, cpus // _local_workers)
 
 
 _local_workers = 1  # workers sharing this machine's CPUs (set_local_workers)
