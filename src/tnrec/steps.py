@@ -9,10 +9,7 @@ dense optimizer.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +37,7 @@ def _all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
-#: Whether a synchronous :meth:`Steps.train_step` pushes the tables in a second thread
+#: Whether a synchronous :meth:`TrainingSteps.train_step` pushes the tables in a second thread
 #: while the dense optimizer steps: ``None`` (the default) when the dense part has at
 #: least :data:`BESIDE_MIN_DENSE` trainable values and a core is left for the push
 #: (torch's threads plus the table kernels' fit in this worker's share of the CPUs,
@@ -48,13 +45,9 @@ def _all_finite(t: torch.Tensor) -> bool:
 PUSH_BESIDE_DENSE_STEP: bool | None = None
 
 #: The trainable dense values below which the default pushes first, then steps: the
-#: hand-off to the push thread costs about 0.3 ms a step (a model of two 16-wide tables
-#: under one ``Linear(32, 1)`` took 12% longer a step beside), more than a small dense
-#: step can hide.
+#: hand-off to the push thread (a thread's wake-up, the GIL passed back and forth) costs
+#: more than a small dense step can hide.
 BESIDE_MIN_DENSE = 1 << 18
-
-_pusher: ThreadPoolExecutor | None = None
-_pusher_lock = threading.Lock()
 
 
 def push_beside_dense_step(dense_values: int) -> bool:
@@ -66,24 +59,6 @@ def push_beside_dense_step(dense_values: int) -> bool:
         return False
     used = torch.get_num_threads() + table_threads.get_num_threads()
     return used <= table_threads.cpus_per_worker()
-
-
-def _pusher_pool() -> ThreadPoolExecutor:
-    global _pusher
-    with _pusher_lock:
-        if _pusher is None:
-            _pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tnrec-push")
-        return _pusher
-
-
-def _forget_pusher_in_child() -> None:
-    # A forked child inherits the pool object but not its thread.
-    global _pusher
-    _pusher = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pusher_in_child)
 
 
 def _finite_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:
@@ -272,7 +247,7 @@ class TrainingSteps(TrainingLoops):
             self.push()
             opt.step()
             return
-        pushed = _pusher_pool().submit(self.push)
+        pushed = table_threads.side_thread().submit(self.push)
         try:
             opt.step()
         finally:

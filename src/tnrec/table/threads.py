@@ -41,6 +41,7 @@ __all__ = [
     "run",
     "set_local_workers",
     "set_num_threads",
+    "side_thread",
     "slices",
 ]
 
@@ -81,6 +82,7 @@ _local_workers = 1  # workers sharing this machine's CPUs (set_local_workers)
 _num_threads: int | None = None  # None: the default, computed on first use
 _explicit = False  # set_num_threads chose the count: set_local_workers keeps it
 _pool: ThreadPoolExecutor | None = None
+_side: ThreadPoolExecutor | None = None  # side_thread()
 _lock = threading.Lock()
 
 
@@ -156,10 +158,21 @@ def _get_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+def side_thread() -> ThreadPoolExecutor:
+    """One thread for work beside the caller's own (the push beside the dense optimizer
+    step, :func:`tnrec.steps.push_beside_dense_step`), started on first use."""
+    global _side
+    with _lock:
+        if _side is None:
+            _side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tnrec-side")
+        return _side
+
+
 def _forget_pool_in_child() -> None:
-    # A forked child inherits the pool object but not its threads.
-    global _pool
+    # A forked child inherits the pool objects but not their threads.
+    global _pool, _side
     _pool = None
+    _side = None
 
 
 if hasattr(os, "register_at_fork"):
