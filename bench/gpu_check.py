@@ -222,7 +222,8 @@ def matmul_errors(n: int = 1024) -> str:
 
 
 def relative(a: Any, b: Any) -> float:
-    """``max |a - b| / max |a|`` over the arrays of two equal-keyed dicts (0 where a is 0)."""
+    """``max |a - b| / max |a|`` over the arrays of two equal-keyed dicts (``max |a - b|``
+    where every value of ``a`` is 0)."""
     num = max(float(np.abs(np.asarray(b[k]) - np.asarray(a[k])).max(initial=0)) for k in a)
     den = max(float(np.abs(np.asarray(a[k])).max(initial=0)) for k in a)
     return num / den if den else num

@@ -261,15 +261,12 @@ def new_memory_ms_per_mib(mib: int = 64) -> float:
     """Milliseconds per MiB to write memory this process maps now (one byte a page).
 
     The kernel backs anonymous memory on first touch (zeroing each 4 KiB
-    page); a VM's host may back the guest's memory on first touch too, which
-    made it 0.4-1.0 ms/MiB in this probe and about 2 ms/MiB over the 1.2 GB of
-    a 10M-key table fill on the VM of docs/performance.md. A benchmark that
-    allocates while it is timed (tnrec's tables creating rows: 84 bytes a row
-    at D = 16 with AdaGrad, plus the index) pays that; one whose memory was
-    allocated before its timed steps (TorchRec's fixed tables) does not.
+    page); a VM's host may back the guest's memory on first touch too. A
+    benchmark that allocates while it is timed (tnrec's tables creating rows
+    and growing their index) pays that; one whose memory was allocated before
+    its timed steps (TorchRec's fixed tables) does not.
     ``compare.py`` prints it before and after its runs. It measures ``mib``
-    MiB (64 by default, about what a DeepFM pass of ``compare.py``
-    allocates): a VM can keep recently freed memory backed and still charge
+    MiB (64 by default): a VM can keep recently freed memory backed and still charge
     for the rest, so it says little about a fill of a gigabyte, whose kernel
     time ``table_bench.py`` reports itself ("fill sys ns/key").
 

@@ -500,8 +500,8 @@ def find_or_insert_regions(
     Returns the number of repeats.
 
     Its probe loop is :func:`insert_new_regions`'s plus the row tracking, kept
-    apart: one loop for both, the tracking behind a flag, costs a fill of new
-    keys 20-30% more user time.
+    apart: one loop for both, the tracking behind a flag, made a fill of new
+    keys take more user time (CHANGELOG, stop 42).
     """
     mine, m = _keys_of_regions(homes, shift, r0, r1)
     base = slots.ctypes.data
