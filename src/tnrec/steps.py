@@ -50,12 +50,12 @@ PUSH_BESIDE_DENSE_STEP: bool | None = None
 BESIDE_MIN_DENSE = 1 << 18
 
 
-def push_beside_dense_step(dense_values: int) -> bool:
-    """Whether a synchronous step whose dense part has ``dense_values`` trainable values
-    pushes beside its dense step (see :data:`PUSH_BESIDE_DENSE_STEP`)."""
+def push_beside_dense_step(params: Sequence[torch.Tensor]) -> bool:
+    """Whether a synchronous step whose trainable dense parameters are ``params`` pushes
+    beside its dense step (see :data:`PUSH_BESIDE_DENSE_STEP`)."""
     if PUSH_BESIDE_DENSE_STEP is not None:
         return PUSH_BESIDE_DENSE_STEP
-    if dense_values < BESIDE_MIN_DENSE:
+    if sum(p.numel() for p in params) < BESIDE_MIN_DENSE:
         return False
     used = torch.get_num_threads() + table_threads.get_num_threads()
     return used <= table_threads.cpus_per_worker()
@@ -229,11 +229,11 @@ class TrainingSteps(TrainingLoops):
             self._apply_pcgrad(params, task_grads)
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, self.clip_norm)
-        self._push_and_step(opt, sum(p.numel() for p in params))
+        self._push_and_step(opt, params)
         self._update_metrics(batch, preds)
         return {"loss": float(loss.detach())}
 
-    def _push_and_step(self, opt: torch.optim.Optimizer, dense_values: int) -> None:
+    def _push_and_step(self, opt: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
         """Push the tables and step the dense optimizer: one after the other, or side by
         side when :func:`push_beside_dense_step` says so (the push in a second thread).
 
@@ -243,7 +243,7 @@ class TrainingSteps(TrainingLoops):
         fails is raised after the dense step (then the dense parameters have
         stepped and the tables may not have been pushed).
         """
-        if not push_beside_dense_step(dense_values):
+        if not push_beside_dense_step(params):
             self.push()
             opt.step()
             return

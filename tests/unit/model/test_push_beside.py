@@ -122,10 +122,11 @@ def test_the_default_pushes_beside_only_a_big_dense_step_where_a_core_is_left(
     monkeypatch.setattr(torch, "get_num_threads", lambda: torch_threads)
     monkeypatch.setattr(table_threads, "get_num_threads", lambda: table)
     monkeypatch.setattr(table_threads, "cpus_per_worker", lambda: cpus)
-    assert steps.push_beside_dense_step(values) is want
+    params = [torch.empty(values - values // 3), torch.empty(values // 3)]  # `values` in all
+    assert steps.push_beside_dense_step(params) is want
     for forced in (True, False):
         monkeypatch.setattr(steps, "PUSH_BESIDE_DENSE_STEP", forced)
-        assert steps.push_beside_dense_step(values) is forced
+        assert steps.push_beside_dense_step(params) is forced
 
 
 def test_cpus_per_worker_divides_the_cpus_among_the_local_workers(monkeypatch):
