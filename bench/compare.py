@@ -36,6 +36,11 @@ without TorchRec the other columns run and its row says why it was skipped.
     python3 bench/compare.py --split                         # also tnrec's per-part split
     python3 bench/compare.py --split-only                    # tnrec's per-part split only
 
+The split also times tnrec's step against the dense-only step alternating in
+one process: by ``train_step`` over a fresh model's pass and a second pass,
+and the same through ``fit(pipeline=True)`` (what users run: the next batch's
+layouts and de-duplication in the input thread).
+
 This file is the command line and runs each child; the data is drawn in
 ``compare_data.py``, the implementations are in ``compare_impls.py``, one run
 (timing, AUC, RSS, the split) is ``compare_run.py`` and the printed table is
