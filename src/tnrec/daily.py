@@ -96,7 +96,7 @@ def train_days(
     callbacks: Sequence[Callback] = (),
     wrap: Callable[[Any], Any] | None = None,
     log_every: int = 100,
-    pipeline: bool = False,
+    pipeline: bool | None = None,
     balance: bool = False,
 ) -> list[DayReport]:
     """Train ``days`` (``(dt, make_reader)`` pairs, in order) with checkpoints in ``model_dir``.
@@ -122,8 +122,8 @@ def train_days(
         wrap: applied to each day's worker part before ``fit`` (e.g. ``RunLog.wrap``).
         log_every: ``fit``'s steps between log lines and memory reports.
         pipeline: ``fit``'s input pipeline (the next batch read and prepared
-            while a step computes; bit-identical either way; off by default,
-            see :meth:`tnrec.Model.fit`).
+            while a step computes; bit-identical either way; None: on where it
+            pays, see :meth:`tnrec.Model.fit`).
         balance: hand out each day's units (Parquet row groups, files) to the
             workers as they run dry (``fit(balance=True)``, sync mode on
             W > 1 workers); the day's parts are then not wrapped by ``wrap``.
@@ -181,7 +181,7 @@ def _train_days(
     callbacks: Sequence[Callback],
     wrap: Callable[[Any], Any] | None,
     log_every: int,
-    pipeline: bool,
+    pipeline: bool | None,
     balance: bool,
 ) -> list[DayReport]:
     """:func:`train_days` under the model-dir lock."""

@@ -41,13 +41,45 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from tnrec.data import Batch
 from tnrec.data.handoff import put_unless_stopped
 from tnrec.layers import EmbeddingFeatures
 from tnrec.prepare import PreparedBatch, Router, empty_prepared, prepare_batch
+from tnrec.table import threads as table_threads
 
 CLOSE_TIMEOUT_S = 60.0  # the longest close() waits for a read in progress to return
 _POLL_S = 0.05
+
+#: The trainable dense values from which ``fit`` runs its input pipeline when it is not told
+#: (``pipeline=None``; see :func:`pipeline_by_default`). Below it the steps are short and the
+#: pipeline did not pay: the micro and Zipf models (33 dense values) trained 0.91-0.99x as fast
+#: with it through ``fit`` (docs/performance.md).
+PIPELINE_MIN_DENSE = 1 << 18
+
+
+def pipeline_by_default(
+    params: Iterable[torch.Tensor], world_size: int, asynchronous: bool
+) -> bool:
+    """Whether ``fit(pipeline=None)`` runs the input pipeline: on one synchronous worker
+    whose trainable dense parameters ``params`` hold at least :data:`PIPELINE_MIN_DENSE`
+    values, when a core is left for the input thread beside torch's threads
+    (:func:`tnrec.table.threads.cpus_per_worker`).
+
+    Never on W > 1 workers, where every worker must pass ``fit`` the same value and the
+    pipeline routes keys on a process group of its own: there it is asked for explicitly.
+
+    Example:
+        >>> import torch
+        >>> pipeline_by_default([torch.zeros(10)], world_size=1, asynchronous=False)
+        False
+    """
+    if world_size != 1 or asynchronous:
+        return False
+    if sum(p.numel() for p in params) < PIPELINE_MIN_DENSE:
+        return False
+    return torch.get_num_threads() < table_threads.cpus_per_worker()
 
 
 @dataclass

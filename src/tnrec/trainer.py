@@ -18,7 +18,7 @@ from tnrec.data.balance import BalancedReader
 from tnrec.errors import ArgumentError, DataError, EmptyInputError
 from tnrec.losses import SINGLE, Head, label_problem, weight_problem
 from tnrec.memory import format_memory, memory_report
-from tnrec.pipeline import InputPipeline, PipelinedData
+from tnrec.pipeline import InputPipeline, PipelinedData, pipeline_by_default
 from tnrec.prepare import PreparedBatch, make_router
 from tnrec.ps import ParameterServer
 from tnrec.ps.asynchronous import AsyncPS
@@ -290,7 +290,7 @@ class TrainingLoops:
         validation_data: Iterable[Batch] | None = None,
         verbose: int = 1,
         log_every: int = 100,
-        pipeline: bool = False,
+        pipeline: bool | None = None,
         balance: bool = False,
     ) -> History:
         """Train for ``epochs`` passes over ``data`` (batches, re-iterated each epoch).
@@ -316,8 +316,13 @@ class TrainingLoops:
                 whatever its ``verbose``, also a worker whose input ran out.
             pipeline: read and prepare (lay out, de-duplicate) the next batch in a
                 background thread while the step computes (:mod:`tnrec.pipeline`);
-                the results are bit-identical either way. Every worker must pass
-                the same value. While an epoch runs, the data has been read one
+                the results are bit-identical either way. None (the default): on
+                where it pays (:func:`tnrec.pipeline.pipeline_by_default`): one
+                synchronous worker, a dense part of at least 2^18 trainable
+                values (DeepFM's 400-400-400 MLP; not a linear layer over the
+                embeddings) and a core left beside torch's threads; never on
+                W > 1 workers, which pass True to have it. Every worker must
+                pass the same value. While an epoch runs, the data has been read one
                 batch further than the steps took: :attr:`fit_data`'s
                 ``position()`` is the steps' (what a checkpoint records); the
                 reader's own ``stats`` count the batch read ahead. On W > 1
@@ -325,11 +330,10 @@ class TrainingLoops:
                 gloo process group of its own (created collectively at the
                 first pipelined epoch), so a ``train_step`` override must pull
                 a batch with the sparse features of the one it was handed.
-                Off by default: on 2 cores it made the micro and Zipf models'
-                ``fit`` over a Parquet reader 0.91-0.99x as fast
-                (``bench/fit_bench.py``), while DeepFM's steps over the
-                input ``bench/dist_bench.py`` draws in NumPy ran 1.08-1.10x
-                at 1 and 2 workers over 30 steps.
+                On 2 cores it made the micro and Zipf models' ``fit`` over a
+                Parquet reader 0.91-0.99x as fast (``bench/fit_bench.py``),
+                while DeepFM's steps over the input ``bench/dist_bench.py``
+                draws in NumPy ran 1.08-1.10x at 1 and 2 workers over 30 steps.
             balance: on W > 1 workers in sync mode, hand out the units of
                 ``data`` (a whole tnrec reader; Parquet row groups, or files
                 for text and TFRecord) from a queue every worker holds, so a
@@ -357,10 +361,14 @@ class TrainingLoops:
         self._require_compiled("fit")
         if not isinstance(epochs, int) or epochs < 0:
             raise ArgumentError(f"`epochs` must be an int >= 0. Received: epochs={epochs!r}.")
-        if not isinstance(pipeline, bool):
+        if pipeline is not None and not isinstance(pipeline, bool):
             raise ArgumentError(
-                f"`pipeline` must be True or False. Received: pipeline={pipeline!r}."
+                f"`pipeline` must be True, False or None (on where it pays). "
+                f"Received: pipeline={pipeline!r}."
             )
+        if pipeline is None:
+            ps = self.ps
+            pipeline = pipeline_by_default(self._dense_parameters(), ps.world_size, ps.asynchronous)
         if not isinstance(balance, bool):
             raise ArgumentError(f"`balance` must be True or False. Received: balance={balance!r}.")
         balance = balance or isinstance(data, BalancedReader)  # a balanced part from worker_part

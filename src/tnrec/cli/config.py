@@ -48,7 +48,8 @@ Every key, with its default::
     batch_size = 4096
     steps_per_epoch = 100          # optional; not with the daily cycle of ``tnrec train``
     log_every = 100                # steps between log lines
-    pipeline = false               # true: read and prepare the next batch while a step computes
+    pipeline = true                # optional: read and prepare the next batch while a step
+                                   # computes; omitted: where it pays (fit(pipeline=None))
     balance = false                # true: hand out row groups and files as workers run dry
     device = "cpu"                 # cpu | cuda | cuda:N: the dense part's (tables stay on the host)
 
@@ -211,7 +212,7 @@ class TrainConfig:
     batch_size: int = 4096
     steps_per_epoch: int | None = None
     log_every: int = 100
-    pipeline: bool = False
+    pipeline: bool | None = None
     balance: bool = False
     device: str = "cpu"
 

@@ -91,7 +91,7 @@ def test_a_config_json_written_before_the_dataclasses_reads_back(tmp_path):
     want["checkpoint"]["save_every_days"] = 1
     want["schedule"] = None
     want["data"]["compression"] = "auto"
-    want["train"].update(pipeline=False, balance=False, device="cpu")
+    want["train"].update(pipeline=None, balance=False, device="cpu")
     want["admission"] = {
         "min_show": None,
         "probability": None,

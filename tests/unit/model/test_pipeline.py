@@ -234,11 +234,68 @@ def test_close_wakes_the_thread_instead_of_waiting_for_its_poll(day, monkeypatch
         assert data.position() == start
 
 
-def test_pipeline_must_be_a_bool(day):
+def test_pipeline_must_be_a_bool_or_none(day):
     with pytest.raises(
-        ArgumentError, match=r"`pipeline` must be True or False. Received: pipeline=1"
+        ArgumentError, match=r"`pipeline` must be True, False or None .*Received: pipeline=1"
     ):
         cc.build().fit(cc.reader(day), verbose=0, pipeline=1)
+
+
+@pytest.fixture
+def two_cpus_one_torch_thread(monkeypatch):
+    """This worker may run on 2 CPUs and torch uses 1 thread (restored after the test)."""
+    monkeypatch.setattr(tp.table_threads, "cpus_per_worker", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("values", "world_size", "asynchronous", "torch_threads", "want"),
+    [
+        pytest.param(tp.PIPELINE_MIN_DENSE, 1, False, 1, True, id="large-dense-core-free"),
+        pytest.param(tp.PIPELINE_MIN_DENSE - 1, 1, False, 1, False, id="small-dense"),
+        pytest.param(tp.PIPELINE_MIN_DENSE, 1, False, 2, False, id="no-core-free"),
+        pytest.param(tp.PIPELINE_MIN_DENSE, 2, False, 1, False, id="two-workers"),
+        pytest.param(tp.PIPELINE_MIN_DENSE, 1, True, 1, False, id="async"),
+    ],
+)
+def test_the_default_pipeline_rule(
+    two_cpus_one_torch_thread, values, world_size, asynchronous, torch_threads, want
+):
+    torch.set_num_threads(torch_threads)
+    params = [torch.zeros(values - values // 3), torch.zeros(values // 3)]  # counted together
+    assert tp.pipeline_by_default(params, world_size, asynchronous) is want
+
+
+def test_fit_without_pipeline_runs_it_where_it_pays_with_the_same_bits(
+    day, monkeypatch, two_cpus_one_torch_thread
+):
+    dense = sum(p.numel() for p in cc.build().parameters())
+    monkeypatch.setattr(tp, "PIPELINE_MIN_DENSE", dense)  # cc.Net's dense part is large enough
+    started = []
+    real_init = InputPipeline.__init__
+
+    def counting_init(self, *a, **k):
+        started.append(1)
+        real_init(self, *a, **k)
+
+    monkeypatch.setattr(InputPipeline, "__init__", counting_init)
+    runs = []
+    for pipeline in (None, False):
+        model, rec = cc.build(), Record()
+        model.fit(cc.reader(day), callbacks=[rec], epochs=2, verbose=0, pipeline=pipeline)
+        runs.append((model, rec, model.fit_pipelined, len(started)))
+        started.clear()
+    (_, _, on, pipes), (_, _, off, none) = runs
+    assert (on, pipes) == (True, 2) and (off, none) == (False, 0)  # one pipeline an epoch
+    assert_bit_identical(runs[0][:2], runs[1][:2])
+    # one dense value short of the threshold: the default runs no pipeline
+    monkeypatch.setattr(tp, "PIPELINE_MIN_DENSE", dense + 1)
+    model = cc.build()
+    model.fit(cc.reader(day), verbose=0)
+    assert model.fit_pipelined is False and started == []
 
 
 def sharded(make=cc.Net):
