@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import wait
 
 import numpy as np
 import numpy.typing as npt
@@ -10,6 +11,19 @@ import torch
 
 from tnrec.errors import NonFiniteError
 from tnrec.table import SparseTable
+from tnrec.table import threads as table_threads
+
+#: Whether :meth:`LocalPS.pull` pulls some of a step's tables in a second thread while this
+#: one pulls the others: ``None`` (the default) when a core is left for it (torch's threads
+#: plus the table kernels' fit in this worker's CPUs, :func:`tnrec.table.threads.cpus_per_worker`),
+#: no table counts against a :class:`~tnrec.table.MemoryBudget` (whose check sums every
+#: table), and the second thread's share holds at least :data:`BESIDE_MIN_KEYS` keys;
+#: ``True`` whenever two tables have keys and none has a budget; ``False`` never.
+PULL_TABLES_BESIDE: bool | None = None
+
+#: The keys below which the default pulls every table in this thread: handing a pull to the
+#: second thread costs about what a pull of a few thousand keys does.
+BESIDE_MIN_KEYS = table_threads.MIN_SLICE
 
 
 class LocalPS:
@@ -44,14 +58,57 @@ class LocalPS:
     ) -> dict[str, npt.NDArray[np.float32]]:
         """Return the rows of each table's unique keys (``float32[U, D]``; ``[U, D + 2]``
         with show and click for the tables in ``stats``)."""
+        side = self._side_share(keys)
+        if not side:
+            return self._pull_tables(list(keys), keys, create, stats)
+        # The tables share no state: each is pulled by one thread, with the same rows
+        # and values as one after the other.
+        ahead = table_threads.side_thread().submit(self._pull_tables, side, keys, create, stats)
+        try:
+            out = self._pull_tables([n for n in keys if n not in side], keys, create, stats)
+        except BaseException:
+            wait([ahead])  # no table is still being pulled when the caller sees the error
+            raise
+        out.update(ahead.result())
+        return {name: out[name] for name in keys}
+
+    def _pull_tables(
+        self,
+        names: Sequence[str],
+        keys: Mapping[str, npt.NDArray[np.int64]],
+        create: bool,
+        stats: Collection[str],
+    ) -> dict[str, npt.NDArray[np.float32]]:
         out = {}
-        for name, k in keys.items():
-            table = self.tables[name]
+        for name in names:
+            table, k = self.tables[name], keys[name]
             rows = table.pull_unchecked(k, create)  # [U, D]
             if name in stats:
                 rows = np.hstack([rows, table.read_stats_unchecked(k)])  # [U, D + 2]
             out[name] = rows
         return out
+
+    def _side_share(self, keys: Mapping[str, npt.NDArray[np.int64]]) -> list[str]:
+        """The tables a pull of ``keys`` hands to the second thread (see
+        :data:`PULL_TABLES_BESIDE`): the largest table stays here, each other one goes to
+        the thread with fewer keys so far; empty when the pull stays in this thread."""
+        if PULL_TABLES_BESIDE is False:
+            return []
+        sized = sorted(((k.shape[0], name) for name, k in keys.items() if k.shape[0]), reverse=True)
+        if len(sized) < 2 or any(self.tables[n].memory_budget is not None for _, n in sized):
+            return []
+        here, there, side = 0, 0, []
+        for n, name in sized:
+            if here <= there:
+                here += n
+            else:
+                there += n
+                side.append(name)
+        if PULL_TABLES_BESIDE is None:
+            used = torch.get_num_threads() + table_threads.get_num_threads()
+            if there < BESIDE_MIN_KEYS or used > table_threads.cpus_per_worker():
+                return []
+        return side
 
     def push(
         self,
