@@ -21,8 +21,9 @@ from tnrec.table import threads as table_threads
 #: ``True`` whenever two tables have keys and none has a budget; ``False`` never.
 PULL_TABLES_BESIDE: bool | None = None
 
-#: The keys below which the default pulls every table in this thread: handing a pull to the
-#: second thread costs about what a pull of a few thousand keys does.
+#: The keys below which the default pulls every table in this thread: the slice below which
+#: the table kernels themselves stay in one thread (:data:`tnrec.table.threads.MIN_SLICE`),
+#: too little work to pay for handing it to another.
 BESIDE_MIN_KEYS = table_threads.MIN_SLICE
 
 
@@ -57,7 +58,11 @@ class LocalPS:
         stats: Collection[str] = (),
     ) -> dict[str, npt.NDArray[np.float32]]:
         """Return the rows of each table's unique keys (``float32[U, D]``; ``[U, D + 2]``
-        with show and click for the tables in ``stats``)."""
+        with show and click for the tables in ``stats``).
+
+        Where a core is free, a share of the tables is pulled in a second thread
+        meanwhile (:data:`PULL_TABLES_BESIDE`); the rows are the same either way.
+        """
         side = self._side_share(keys)
         if not side:
             return self._pull_tables(list(keys), keys, create, stats)
