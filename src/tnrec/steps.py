@@ -57,8 +57,7 @@ def push_beside_dense_step(params: Sequence[torch.Tensor]) -> bool:
         return PUSH_BESIDE_DENSE_STEP
     if sum(p.numel() for p in params) < BESIDE_MIN_DENSE:
         return False
-    used = torch.get_num_threads() + table_threads.get_num_threads()
-    return used <= table_threads.cpus_per_worker()
+    return table_threads.spare_core(torch.get_num_threads())
 
 
 def _finite_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:

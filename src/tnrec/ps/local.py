@@ -109,10 +109,10 @@ class LocalPS:
             else:
                 there += n
                 side.append(name)
-        if PULL_TABLES_BESIDE is None:
-            used = torch.get_num_threads() + table_threads.get_num_threads()
-            if there < BESIDE_MIN_KEYS or used > table_threads.cpus_per_worker():
-                return []
+        if PULL_TABLES_BESIDE is None and (
+            there < BESIDE_MIN_KEYS or not table_threads.spare_core(torch.get_num_threads())
+        ):
+            return []
         return side
 
     def push(

@@ -43,6 +43,7 @@ __all__ = [
     "set_num_threads",
     "side_thread",
     "slices",
+    "spare_core",
 ]
 
 MIN_SLICE = 8192  # keys a thread gets at least
@@ -76,6 +77,13 @@ def cpus_per_worker() -> int:
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
     return max(1, cpus // _local_workers)
+
+
+def spare_core(busy: int) -> bool:
+    """Whether this worker's CPUs (:func:`cpus_per_worker`) hold ``busy`` threads (torch's,
+    the caller passes them) and the table kernels' (:func:`get_num_threads`) together:
+    whether a second thread of table work beside the caller has a core to itself."""
+    return busy + get_num_threads() <= cpus_per_worker()
 
 
 _local_workers = 1  # workers sharing this machine's CPUs (set_local_workers)
