@@ -107,6 +107,13 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """Median ms of each side's steps after the first, and tnrec's over the dense-only's."""
+    out = {k: 1e3 * float(np.median(v[1:])) for k, v in times.items()}
+    out["ratio"] = out["tnrec"] / out["dense"]
+    return out
+
+
 def alternating(impl: Any, dense: Any, batches: list) -> dict[str, float]:
     """Median ms of tnrec's step and the dense-only step, run alternately in one process.
 
@@ -121,9 +128,7 @@ def alternating(impl: Any, dense: Any, batches: list) -> dict[str, float]:
             t0 = time.perf_counter()
             runner.train_step(b)
             times[name].append(time.perf_counter() - t0)
-    out = {k: 1e3 * float(np.median(v[1:])) for k, v in times.items()}
-    out["ratio"] = out["tnrec"] / out["dense"]
-    return out
+    return _medians(times)
 
 
 def alternating_fit(model: Any, dense: Any, batches: list) -> dict[str, float]:
@@ -160,9 +165,7 @@ def alternating_fit(model: Any, dense: Any, batches: list) -> dict[str, float]:
                 self._dense(step)
 
     model.fit(batches, callbacks=[Alternate()], verbose=0, pipeline=True)
-    out = {k: 1e3 * float(np.median(v[1:])) for k, v in times.items()}
-    out["ratio"] = out["tnrec"] / out["dense"]
-    return out
+    return _medians(times)
 
 
 def tnrec_split(model: Any, batches: list) -> dict[str, float]:
