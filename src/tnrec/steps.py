@@ -9,6 +9,7 @@ dense optimizer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,21 +61,32 @@ def push_beside_dense_step(params: Sequence[torch.Tensor]) -> bool:
     return table_threads.spare_core(torch.get_num_threads())
 
 
+#: CPU float32 tensors of at least this many values are checked by their sum first
+#: (:func:`_finite_flags`): one torch reduction, on torch's threads, reads them once and
+#: writes nothing, where NumPy's ``isfinite`` writes a flag a value and reads the flags again.
+FINITE_SUM_MIN = 1 << 16
+
+
 def _finite_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:
     """Whether each of ``tensors`` holds only finite values.
 
-    CPU float32 tensors are checked by :func:`_all_finite`. The others (a
-    model's on a GPU) are summed where they are, one reduction each, and the
-    sums are checked together, one wait for the device per device: a finite
-    sum means finite values (a NaN or an infinity makes the sum NaN or
-    infinite), and a sum that is not finite (one of those, or finite values
-    that overflow) has its tensor checked value by value.
+    A sum is finite only if every value is (a NaN or an infinity makes it NaN
+    or infinite), so a finite sum settles a tensor; a sum that is not finite
+    (one of those, or finite values that overflow) has its tensor checked
+    value by value. CPU float32 tensors of :data:`FINITE_SUM_MIN` values or
+    more are summed first, smaller ones go straight to :func:`_all_finite`.
+    The others (a model's on a GPU) are summed where they are, and the sums
+    are checked together, one wait for the device per device.
     """
     flags = [True] * len(tensors)
     off: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         if t.dtype == torch.float32 and t.device.type == "cpu":
-            flags[i] = _all_finite(t.detach())
+            d = t.detach()
+            if d.numel() >= FINITE_SUM_MIN:
+                flags[i] = math.isfinite(float(d.sum())) or _all_finite(d)
+            else:
+                flags[i] = _all_finite(d)
         else:
             off.setdefault(t.device, []).append(i)
     for at in off.values():

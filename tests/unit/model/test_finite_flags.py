@@ -1,14 +1,16 @@
 """steps._finite_flags: one flag a tensor, exact, whichever way a tensor is checked.
 
-CPU float32 tensors go through NumPy; the others (a GPU model's, here float64
-and bfloat16 on the CPU take the same path) are summed and the sums checked
-together, a sum that is not finite sending its tensor to the exact check.
+Small CPU float32 tensors go through NumPy, big ones (``FINITE_SUM_MIN`` values
+or more) are summed first; the others (a GPU model's, here float64 and bfloat16
+on the CPU take the same path) are summed and the sums checked together, a sum
+that is not finite sending its tensor to the exact check.
 """
 
 import numpy as np
 import pytest
 import torch
 
+from tnrec import steps
 from tnrec.steps import _finite_flags
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
@@ -58,3 +60,25 @@ def test_mixed_dtypes_keep_their_order(device):
 
 def test_nothing_gives_nothing():
     assert _finite_flags([]) == []
+
+
+@pytest.mark.parametrize("threshold", [1, steps.FINITE_SUM_MIN])
+def test_big_cpu_float32_tensors_summed_first_are_exact(monkeypatch, threshold):
+    """At and above the threshold: a NaN or an infinity anywhere, and finite values whose
+    sum overflows (finite, checked value by value), each get the exact flag."""
+    monkeypatch.setattr(steps, "FINITE_SUM_MIN", threshold)
+    n = steps.FINITE_SUM_MIN
+    nan, inf = torch.randn(n), torch.randn(n + 7, 2)
+    nan[n - 1] = float("nan")
+    inf[3, 1] = -float("inf")
+    ts = [
+        *cases(torch.float32, "cpu"),
+        torch.randn(n),
+        nan,
+        inf,
+        torch.full((n,), 3e38),  # finite, the sum overflows
+        torch.randn(n, requires_grad=True),
+    ]
+    want = [exact(t) for t in ts]
+    assert want[-5:] == [True, False, False, True, True]
+    assert _finite_flags(ts) == want
