@@ -118,6 +118,11 @@ def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> st
             ("alternating_again_ms", "the same model, a second pass: no row created"),
             ("alternating_fit_ms", "fit with its input pipeline, a fresh model, one pass"),
             ("alternating_fit_again_ms", "fit with its input pipeline, a second pass"),
+            (
+                "alternating_fit_nopipe_ms",
+                "fit without the input pipeline, a fresh model, one pass",
+            ),
+            ("alternating_fit_nopipe_again_ms", "fit without the input pipeline, a second pass"),
         ):
             alt = [r[key] for r in by_impl.get("tnrec", []) if key in r]
             if alt:

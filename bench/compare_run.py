@@ -97,13 +97,22 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         res["alternating_ms"] = alternating(fresh, dense, train)
         # the same batches again: every key has its row (no row created, no new memory)
         res["alternating_again_ms"] = alternating(fresh, dense, train)
-        # what users run: fit with its input pipeline (layouts and de-duplication
-        # of the next batch in a background thread), a fresh model, then a second pass
-        fitted = TnrecImpl(args.model)
-        if args.model != "deepfm":
-            fitted.prefill(base_keys)
-        res["alternating_fit_ms"] = alternating_fit(fitted.model, dense, train)
-        res["alternating_fit_again_ms"] = alternating_fit(fitted.model, dense, train)
+        # what users run: fit, with its input pipeline (layouts and de-duplication of
+        # the next batch in a background thread) and without, each a fresh model and then a
+        # second pass; the passes in the order on, off, off, on, so a drift of the machine's
+        # speed over the four passes weighs on both alike
+        fits = {}
+        for pipeline in (True, False):
+            fits[pipeline] = TnrecImpl(args.model)
+            if args.model != "deepfm":
+                fits[pipeline].prefill(base_keys)
+        for key, pipeline in (
+            ("alternating_fit_ms", True),
+            ("alternating_fit_nopipe_ms", False),
+            ("alternating_fit_nopipe_again_ms", False),
+            ("alternating_fit_again_ms", True),
+        ):
+            res[key] = alternating_fit(fits[pipeline].model, dense, train, pipeline=pipeline)
     return res
 
 
@@ -131,8 +140,10 @@ def alternating(impl: Any, dense: Any, batches: list) -> dict[str, float]:
     return _medians(times)
 
 
-def alternating_fit(model: Any, dense: Any, batches: list) -> dict[str, float]:
-    """Like :func:`alternating`, with tnrec's steps taken by ``model.fit(pipeline=True)``.
+def alternating_fit(
+    model: Any, dense: Any, batches: list, pipeline: bool = True
+) -> dict[str, float]:
+    """Like :func:`alternating`, with tnrec's steps taken by ``model.fit(pipeline=pipeline)``.
 
     A callback times each step from ``on_train_batch_begin`` to
     ``on_train_batch_end`` (the wait for the pipeline's prepared batch and the
@@ -164,7 +175,7 @@ def alternating_fit(model: Any, dense: Any, batches: list) -> dict[str, float]:
             if step % 2:
                 self._dense(step)
 
-    model.fit(batches, callbacks=[Alternate()], verbose=0, pipeline=True)
+    model.fit(batches, callbacks=[Alternate()], verbose=0, pipeline=pipeline)
     return _medians(times)
 
 

@@ -47,7 +47,6 @@ from tnrec.data import Batch
 from tnrec.data.handoff import put_unless_stopped
 from tnrec.layers import EmbeddingFeatures
 from tnrec.prepare import PreparedBatch, Router, empty_prepared, prepare_batch
-from tnrec.table import threads as table_threads
 
 CLOSE_TIMEOUT_S = 60.0  # the longest close() waits for a read in progress to return
 _POLL_S = 0.05
@@ -64,8 +63,10 @@ def pipeline_by_default(
 ) -> bool:
     """Whether ``fit(pipeline=None)`` runs the input pipeline: on one synchronous worker
     whose trainable dense parameters ``params`` hold at least :data:`PIPELINE_MIN_DENSE`
-    values, when a core is left for the input thread beside torch's threads
-    (:func:`tnrec.table.threads.cpus_per_worker`).
+    values, however many threads torch uses. With torch on every core, the input thread
+    shares a core with them, and that still paid: DeepFM at 2 threads on 2 cores ran its
+    step in 1.23 times the dense-only step with the pipeline, 1.27 without
+    (docs/performance.md).
 
     Never on W > 1 workers, where every worker must pass ``fit`` the same value and the
     pipeline routes keys on a process group of its own: there it is asked for explicitly.
@@ -77,9 +78,7 @@ def pipeline_by_default(
     """
     if world_size != 1 or asynchronous:
         return False
-    if sum(p.numel() for p in params) < PIPELINE_MIN_DENSE:
-        return False
-    return torch.get_num_threads() < table_threads.cpus_per_worker()
+    return sum(p.numel() for p in params) >= PIPELINE_MIN_DENSE
 
 
 @dataclass

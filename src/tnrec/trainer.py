@@ -320,8 +320,8 @@ class TrainingLoops:
                 where it pays (:func:`tnrec.pipeline.pipeline_by_default`): one
                 synchronous worker, a dense part of at least 2^18 trainable
                 values (DeepFM's 400-400-400 MLP; not a linear layer over the
-                embeddings) and a core left beside torch's threads; never on
-                W > 1 workers, which pass True to have it. Every worker must
+                embeddings), however many threads torch uses; never on W > 1
+                workers, which pass True to have it. Every worker must
                 pass the same value. While an epoch runs, the data has been read one
                 batch further than the steps took: :attr:`fit_data`'s
                 ``position()`` is the steps' (what a checkpoint records); the

@@ -44,6 +44,25 @@ def test_alternating_fit_takes_every_step_through_fit_beside_one_dense_step_each
     assert len(impl.model.tables["emb"]) > 0  # and trained the table
 
 
+def test_alternating_fit_without_the_pipeline_trains_the_same_bits_in_the_loop():
+    train, _, _ = micro_batches("micro", 3, 0)
+    torch.manual_seed(0)
+    piped = TnrecImpl("micro")
+    torch.manual_seed(0)
+    plain = TnrecImpl("micro")
+    dense = CountingDense()
+    _check(alternating_fit(piped.model, CountingDense(), train, pipeline=True))
+    _check(alternating_fit(plain.model, dense, train, pipeline=False))
+    assert (piped.model.fit_pipelined, plain.model.fit_pipelined) == (True, False)
+    assert dense.seen == [id(b) for b in train]
+    keys = np.sort(plain.model.tables["emb"].keys())
+    np.testing.assert_array_equal(np.sort(piped.model.tables["emb"].keys()), keys)
+    np.testing.assert_array_equal(
+        piped.model.tables["emb"].pull(keys, create=False),
+        plain.model.tables["emb"].pull(keys, create=False),
+    )
+
+
 def test_alternating_fit_matches_the_train_step_loop_bit_for_bit():
     train, _, _ = micro_batches("micro", 3, 0)
     torch.manual_seed(0)  # as run_one: the dense layer's and the table's start

@@ -21,6 +21,7 @@ from tnrec.callbacks import Callback
 from tnrec.errors import ArgumentError, DataError, NonFiniteError
 from tnrec.pipeline import InputPipeline
 from tnrec.ps import ShardedPS
+from tnrec.table import threads
 
 fc = tn.feature_column
 
@@ -242,11 +243,10 @@ def test_pipeline_must_be_a_bool_or_none(day):
 
 
 @pytest.fixture
-def two_cpus_one_torch_thread(monkeypatch):
-    """This worker may run on 2 CPUs and torch uses 1 thread (restored after the test)."""
-    monkeypatch.setattr(tp.table_threads, "cpus_per_worker", lambda: 2)
+def two_cpus(monkeypatch):
+    """This worker may run on 2 CPUs; torch's thread count is restored after the test."""
+    monkeypatch.setattr(threads, "cpus_per_worker", lambda: 2)
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
 
@@ -255,23 +255,20 @@ def two_cpus_one_torch_thread(monkeypatch):
     ("values", "world_size", "asynchronous", "torch_threads", "want"),
     [
         pytest.param(tp.PIPELINE_MIN_DENSE, 1, False, 1, True, id="large-dense-core-free"),
+        pytest.param(tp.PIPELINE_MIN_DENSE, 1, False, 2, True, id="large-dense-every-core"),
         pytest.param(tp.PIPELINE_MIN_DENSE - 1, 1, False, 1, False, id="small-dense"),
-        pytest.param(tp.PIPELINE_MIN_DENSE, 1, False, 2, False, id="no-core-free"),
+        pytest.param(tp.PIPELINE_MIN_DENSE - 1, 1, False, 2, False, id="small-dense-every-core"),
         pytest.param(tp.PIPELINE_MIN_DENSE, 2, False, 1, False, id="two-workers"),
         pytest.param(tp.PIPELINE_MIN_DENSE, 1, True, 1, False, id="async"),
     ],
 )
-def test_the_default_pipeline_rule(
-    two_cpus_one_torch_thread, values, world_size, asynchronous, torch_threads, want
-):
+def test_the_default_pipeline_rule(two_cpus, values, world_size, asynchronous, torch_threads, want):
     torch.set_num_threads(torch_threads)
     params = [torch.zeros(values - values // 3), torch.zeros(values // 3)]  # counted together
     assert tp.pipeline_by_default(params, world_size, asynchronous) is want
 
 
-def test_fit_without_pipeline_runs_it_where_it_pays_with_the_same_bits(
-    day, monkeypatch, two_cpus_one_torch_thread
-):
+def test_fit_without_pipeline_runs_it_where_it_pays_with_the_same_bits(day, monkeypatch, two_cpus):
     dense = sum(p.numel() for p in cc.build().parameters())
     monkeypatch.setattr(tp, "PIPELINE_MIN_DENSE", dense)  # cc.Net's dense part is large enough
     started = []
