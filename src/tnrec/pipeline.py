@@ -64,9 +64,10 @@ def pipeline_by_default(
     """Whether ``fit(pipeline=None)`` runs the input pipeline: on one synchronous worker
     whose trainable dense parameters ``params`` hold at least :data:`PIPELINE_MIN_DENSE`
     values, however many threads torch uses. With torch on every core, the input thread
-    shares a core with them, and that still paid: DeepFM's step through ``fit`` at 2
-    threads on 2 cores took 1.18-1.26 times the dense-only step with the pipeline and
-    1.23-1.30 without (docs/performance.md).
+    shares a core with them, and that still paid a little: DeepFM's step through ``fit``
+    at 2 threads on 2 cores took 1.18-1.26 times the dense-only step with the pipeline
+    and 1.19-1.30 without, 0.01-0.06 less with it in each of four runs
+    (docs/performance.md).
 
     Never on W > 1 workers, where every worker must pass ``fit`` the same value and the
     pipeline routes keys on a process group of its own: there it is asked for explicitly.
