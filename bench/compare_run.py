@@ -148,9 +148,10 @@ def alternating_fit(
     A callback times each step from ``on_train_batch_begin`` to
     ``on_train_batch_end`` (the wait for the pipeline's prepared batch and the
     whole ``train_step``) and runs the dense-only step beside it, before the
-    step on even steps and after it on odd ones. The input thread prepares the
-    next batch while the tnrec step runs (it is asked for it when the step
-    starts), so its work competes with that step, not with the dense one.
+    step on even steps and after it on odd ones. With ``pipeline=True`` the
+    input thread prepares the next batch while the tnrec step runs (it is
+    asked for it when the step starts), so its work competes with that step,
+    not with the dense one; with ``False`` each step prepares its own batch.
     """
     import tnrec as tn
 
