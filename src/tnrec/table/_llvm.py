@@ -1,9 +1,10 @@
 """Pointer and prefetch intrinsics for the table kernels (LLVM IR through numba).
 
-``_f32_ptr(addr)`` / ``_i32_ptr(addr)`` turn an int64 address into a typed
-pointer that numba indexes like an array (``p[j]``) without building an array
-struct; ``_prefetch_r`` / ``_prefetch_w`` emit ``llvm.prefetch`` for a read or
-a write of the cache line at an address.
+``_f32_ptr(addr)``, ``_f64_ptr``, ``_i32_ptr`` and ``_i64_ptr`` turn an int64
+address into a typed pointer that numba indexes like an array (``p[j]``)
+without building an array struct; ``_prefetch_r`` / ``_prefetch_w`` emit
+``llvm.prefetch`` for a read or a write of the cache line at an address;
+``_fetch_add(addr, v)`` adds to an int64 in memory atomically.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def _pointer_intrinsic(item: Any) -> Any:
 
 _f32_ptr: Any = _pointer_intrinsic(types.float32)
 _i32_ptr: Any = _pointer_intrinsic(types.int32)
+_i64_ptr: Any = _pointer_intrinsic(types.int64)
+_f64_ptr: Any = _pointer_intrinsic(types.float64)
 
 
 def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]
@@ -59,3 +62,16 @@ def _prefetch_r_typer(typingctx, addr):  # type: ignore[no-untyped-def]  # pragm
 
 
 _prefetch_r: Any = intrinsic(_prefetch_r_typer)
+
+
+def _fetch_add_typer(typingctx, addr, value):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Add ``value`` to the int64 at ``addr`` atomically; return what it held before."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.atomic_rmw("add", ptr, args[1], "seq_cst")
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+_fetch_add: Any = intrinsic(_fetch_add_typer)

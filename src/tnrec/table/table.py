@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from tnrec._hashing import NUM_BUCKETS
 from tnrec.errors import ArgumentError, NonFiniteError, TableKeyError
-from tnrec.table import capacity, index, rows, threads
+from tnrec.table import capacity, index, rows, team, threads
 from tnrec.table.admission import AdmissionPolicy, CountMinSketch, admission_passes
 from tnrec.table.init import Initializer, normal, table_stream_seed
 from tnrec.table.optimizers import SparseOptimizer
@@ -370,12 +370,17 @@ class SparseTable(RowAccess):
         st = self._store
         slots, loc, dim = self._slots, st.loc, self.dim
         parts = threads.slices(n)
-        missing = sum(
-            threads.run(
-                parts,
-                lambda a, b: rows.lookup_gather(slots, *loc, keys[a:b], rws[a:b], out[a:b], dim),
+        if team.usable(parts, keys):
+            missing = team.lookup_gather(parts, slots, loc, keys, rws, out)
+        else:
+            missing = sum(
+                threads.run(
+                    parts,
+                    lambda a, b: rows.lookup_gather(
+                        slots, *loc, keys[a:b], rws[a:b], out[a:b], dim
+                    ),
+                )
             )
-        )
         if create and n:
             self._miss_rate = missing / n
         # A checked pull that creates finds repeated absent keys while inserting
@@ -890,6 +895,9 @@ class SparseTable(RowAccess):
         opt, loc = self.optimizer, self._store.loc
         kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
         gen = np.int32(self.generation)
+        if team.usable(parts, rws, g, s, c):
+            team.apply_push(parts, loc, rws, g, s, c, kind, hp, width, gen)
+            return
         threads.run(
             parts,
             lambda a, b: rows.apply_push(

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from tnrec._hashing import bucket_of, mix64
+from tnrec.table import team
 from tnrec.table.init import normal, uniform, zeros
 from tnrec.table.optimizers import SGD, AdaGrad, Adam, Ftrl
 from tnrec.table.policy import EvictionPolicy
@@ -60,6 +61,7 @@ def warm() -> float:
     t.pull(big + REGION_INSERT_MIN)
     t.pull(np.arange(REGION_INSERT_MIN, 3 * REGION_INSERT_MIN, dtype=np.int64))
     t.pull(big + 3 * REGION_INSERT_MIN)
+    team.warm()  # the bodies the step's pull and push run on torch's OpenMP team
     return time.perf_counter() - t0
 
 

@@ -1,0 +1,272 @@
+"""The step's hot table kernels on torch's own OpenMP team.
+
+When torch's intra-op threads fill the cores, the workers of torch's OpenMP
+runtime keep spinning for a while after each torch operation (libgomp's
+``GOMP_SPINCOUNT``). A table kernel cut over Python threads
+(:func:`tnrec.table.threads.run`) then shares a core with a spinning worker,
+and in two threads it takes longer than in one. The two kernels every
+training step runs in several slices -- the pull's lookup and gather
+(:func:`tnrec.table.rows.lookup_gather`) and the push's optimizer rule
+(:func:`tnrec.table.rows.apply_push`) -- therefore run on that very team when
+they can: ``GOMP_parallel`` of the OpenMP runtime torch loaded, with a
+compiled numba ``cfunc`` as the team's body. The spinning workers take the
+slices at once, and no thread of ours competes with them.
+
+The slices are the ones :func:`tnrec.table.threads.slices` cuts, and each is
+computed by the same kernel as on the Python threads, so the results are the
+same whichever way a call runs (each slice writes its own keys' outputs and
+rows). The team's threads take the slices in turn from a shared counter.
+
+A call runs on the team (:func:`usable`) when all of these hold; otherwise it
+runs on the Python threads as before:
+
+* ``TNREC_TABLE_TEAM`` is not ``0`` (``1`` runs every call of two or more
+  slices on the team, whatever the thread and torch's thread count);
+* torch's parallel backend is OpenMP and exactly one OpenMP runtime is
+  loaded, or one in torch's own ``lib`` directory (Linux: read from
+  ``/proc/self/maps``; elsewhere the team is not used);
+* the call comes from the main thread, whose OpenMP team torch's operations
+  use, and torch runs at least as many threads as the call has slices, so
+  the team's workers exist and would be spinning anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numba as nb
+import numpy as np
+import numpy.typing as npt
+from numba import types
+
+from tnrec.table import rows
+from tnrec.table._llvm import _f32_ptr, _f64_ptr, _fetch_add, _i32_ptr, _i64_ptr
+
+__all__ = ["apply_push", "lookup_gather", "usable", "warm"]
+
+_ENV = "TNREC_TABLE_TEAM"
+
+# The block a team's body reads, int64 throughout:
+#   [0]               the next slice to take (the threads add 1 atomically)
+#   [1]               P, the slices
+#   [2 .. P + 2]      the bounds: slice p is [bounds[p], bounds[p + 1])
+#   [P + 3 .. 2P + 3) each slice's result
+#   [2P + 3 ..]       the kernel's arguments (addresses, sizes, scalars)
+_HEAD = 3
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def _next_slice(addr: int) -> int:  # pragma: no cover - compiled
+    return _fetch_add(addr, 1)
+
+
+def _lookup_gather_body(addr: int) -> None:  # pragma: no cover - compiled
+    b = _i64_ptr(addr)
+    P = b[1]
+    a = _HEAD + 2 * P
+    slots = nb.carray(_i32_ptr(b[a]), (b[a + 1], 3))
+    bases = nb.carray(_i64_ptr(b[a + 2]), (b[a + 3],))
+    stride, shift, lmask, n, D = b[a + 4], b[a + 5], b[a + 6], b[a + 7], b[a + 8]
+    keys = nb.carray(_i64_ptr(b[a + 9]), (n,))
+    found = nb.carray(_i32_ptr(b[a + 10]), (n,))
+    out = nb.carray(_f32_ptr(b[a + 11]), (n, D))
+    while True:
+        p = _next_slice(addr)
+        if p >= P:
+            return
+        lo, hi = b[2 + p], b[3 + p]
+        b[_HEAD + P + p] = rows.lookup_gather(
+            slots, bases, stride, shift, lmask, keys[lo:hi], found[lo:hi], out[lo:hi], D
+        )
+
+
+def _apply_push_body(addr: int) -> None:  # pragma: no cover - compiled
+    b = _i64_ptr(addr)
+    P = b[1]
+    a = _HEAD + 2 * P
+    bases = nb.carray(_i64_ptr(b[a]), (b[a + 1],))
+    stride, shift, lmask, n, D = b[a + 2], b[a + 3], b[a + 4], b[a + 5], b[a + 6]
+    S, kind, gen = b[a + 7], b[a + 8], np.int32(b[a + 9])
+    hp = nb.carray(_f64_ptr(b[a + 10]), (b[a + 11],))
+    found = nb.carray(_i32_ptr(b[a + 12]), (n,))
+    grads = nb.carray(_f32_ptr(b[a + 13]), (n, D))
+    show = nb.carray(_f32_ptr(b[a + 14]), (n,))
+    click = nb.carray(_f32_ptr(b[a + 15]), (n,))
+    while True:
+        p = _next_slice(addr)
+        if p >= P:
+            return
+        lo, hi = b[2 + p], b[3 + p]
+        rows.apply_push(
+            bases, stride, shift, lmask, found[lo:hi], grads[lo:hi], show[lo:hi],
+            click[lo:hi], kind, hp, D, S, gen,
+        )  # fmt: skip
+
+
+_BODIES = {"lookup_gather": _lookup_gather_body, "apply_push": _apply_push_body}
+
+
+class _Team:
+    """The OpenMP runtime torch loaded, and the compiled bodies (built on first use)."""
+
+    def __init__(self, parallel: Any) -> None:
+        self.parallel = parallel  # GOMP_parallel(fn, data, num_threads, flags)
+        self.bodies: dict[str, Any] = {}  # name -> numba cfunc (kept alive: its address is used)
+
+    def body(self, name: str) -> int:
+        cf = self.bodies.get(name)
+        if cf is None:
+            with _lock:
+                cf = self.bodies.get(name)
+                if cf is None:
+                    sig = types.void(types.int64)
+                    cf = nb.cfunc(sig, cache=True)(_BODIES[name])
+                    self.bodies[name] = cf
+        address = cf.address
+        if address is None:  # pragma: no cover - a compiled cfunc has one
+            raise RuntimeError(f"internal error: the team body {name!r} has no address")
+        return int(address)
+
+
+_lock = threading.Lock()
+_team: _Team | None = None
+_looked = False
+
+
+def _find_runtime() -> _Team | None:
+    """Return torch's OpenMP runtime, or None when it cannot be told for sure."""
+    import torch
+
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {
+                line.split()[-1] for line in f if line.rstrip().endswith((".so", ".so.1", ".so.5"))
+            }
+    except OSError:
+        return None
+    names = ("libgomp", "libomp", "libiomp5")
+    found = sorted(p for p in paths if os.path.basename(p).startswith(names))
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib") + os.sep
+    own = [p for p in found if p.startswith(torch_lib)]
+    candidates = own if own else found
+    if len(candidates) != 1:
+        return None
+    try:  # RTLD_NOLOAD: the copy already in the process, never a second one
+        lib = ctypes.CDLL(candidates[0], mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
+        parallel = lib.GOMP_parallel
+    except (OSError, AttributeError):
+        return None
+    parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    parallel.restype = None
+    return _Team(parallel)
+
+
+def _get_team() -> _Team | None:
+    global _team, _looked
+    if not _looked:
+        with _lock:
+            if not _looked:
+                _team = _find_runtime()
+                _looked = True
+    return _team
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) the team's bodies, where the team is used."""
+    team = _get_team()
+    if team is not None:
+        for name in _BODIES:
+            team.body(name)
+
+
+def usable(parts: Sequence[tuple[int, int]], *arrays: np.ndarray) -> bool:
+    """Whether a call cut into ``parts`` over ``arrays`` runs on torch's OpenMP team (the
+    module docstring; the arrays must be C-contiguous)."""
+    if len(parts) < 2 or not all(a.flags.c_contiguous for a in arrays):
+        return False
+    mode = os.environ.get(_ENV, "").strip()
+    if mode == "0" or _get_team() is None:
+        return False
+    if mode == "1":
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    import torch
+
+    return torch.get_num_threads() >= len(parts)
+
+
+def _run(name: str, parts: Sequence[tuple[int, int]], args: list[int]) -> npt.NDArray[np.int64]:
+    """Run body ``name`` over ``parts`` on the team; return each slice's result."""
+    team = _get_team()
+    if team is None:  # pragma: no cover - callers check usable() first
+        raise RuntimeError("internal error: no OpenMP team to run a table kernel on")
+    P = len(parts)
+    block = np.empty(_HEAD + 2 * P + len(args), np.int64)
+    block[0] = 0
+    block[1] = P
+    block[2 : 3 + P] = [a for a, _ in parts] + [parts[-1][1]]
+    block[_HEAD + P : _HEAD + 2 * P] = 0
+    block[_HEAD + 2 * P :] = args
+    team.parallel(team.body(name), block.ctypes.data, P, 0)
+    return block[_HEAD + P : _HEAD + 2 * P].copy()
+
+
+def _address(a: np.ndarray, dtype: Any, ndim: int) -> int:
+    if a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
+        raise RuntimeError(
+            f"internal error: a team kernel got a {a.dtype} array of {a.ndim} dimension(s) "
+            f"(C-contiguous: {a.flags.c_contiguous}); expected C-contiguous {np.dtype(dtype)}, "
+            f"{ndim} dimension(s)"
+        )
+    return int(a.ctypes.data)
+
+
+def lookup_gather(
+    parts: Sequence[tuple[int, int]],
+    slots: np.ndarray,
+    loc: tuple[np.ndarray, int, int, int],
+    keys: np.ndarray,
+    found: np.ndarray,
+    out: np.ndarray,
+) -> int:
+    """:func:`tnrec.table.rows.lookup_gather` over ``parts`` on the team; return the
+    keys absent from the index."""
+    bases, stride, shift, lmask = loc
+    args = [
+        _address(slots, np.int32, 2), slots.shape[0],
+        _address(bases, np.int64, 1), bases.shape[0],
+        stride, shift, lmask, keys.shape[0], out.shape[1],
+        _address(keys, np.int64, 1), _address(found, np.int32, 1), _address(out, np.float32, 2),
+    ]  # fmt: skip
+    return int(_run("lookup_gather", parts, args).sum())
+
+
+def apply_push(
+    parts: Sequence[tuple[int, int]],
+    loc: tuple[np.ndarray, int, int, int],
+    found: np.ndarray,
+    grads: np.ndarray,
+    show: np.ndarray,
+    click: np.ndarray,
+    kind: int,
+    hp: np.ndarray,
+    S: int,
+    gen: int | np.int32,
+) -> None:
+    """:func:`tnrec.table.rows.apply_push` over ``parts`` on the team."""
+    bases, stride, shift, lmask = loc
+    args = [
+        _address(bases, np.int64, 1), bases.shape[0],
+        stride, shift, lmask, found.shape[0], grads.shape[1], S, kind, int(gen),
+        _address(hp, np.float64, 1), hp.shape[0],
+        _address(found, np.int32, 1), _address(grads, np.float32, 2),
+        _address(show, np.float32, 1), _address(click, np.float32, 1),
+    ]  # fmt: skip
+    _run("apply_push", parts, args)

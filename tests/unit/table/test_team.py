@@ -1,0 +1,124 @@
+"""The step's pull and push on torch's OpenMP team: the same table as on Python threads.
+
+``MIN_SLICE`` is lowered so that batches of a few hundred keys run in two
+slices; ``TNREC_TABLE_TEAM=1`` runs them on the team, ``0`` on the Python
+threads, and the tables must come out the same bit for bit.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from tnrec.errors import TableKeyError
+from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable, team, threads
+
+openmp = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+needs_team = pytest.mark.skipif(
+    not (openmp and sys.platform.startswith("linux")),
+    reason="the team is torch's OpenMP runtime, found through /proc/self/maps (Linux)",
+)
+
+
+@pytest.fixture
+def two_slices(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_SLICE", 16)
+    before = threads.get_num_threads()
+    threads.set_num_threads(2)
+    yield
+    threads.set_num_threads(before)
+
+
+def _train(opt, mode, monkeypatch):
+    """Pulls that create and that miss, checked and unchecked pushes, in two slices."""
+    monkeypatch.setenv("TNREC_TABLE_TEAM", mode)
+    rng = np.random.default_rng(7)
+    t = SparseTable(5, opt, name="t", seed=2)
+    pulled = []
+    for step in range(4):
+        keys = np.unique(rng.integers(-500, 500, size=300)).astype(np.int64)
+        rng.shuffle(keys)
+        assert team.usable(threads.slices(keys.shape[0]), keys) == (mode == "1")
+        pulled.append(t.pull(keys))
+        g = rng.standard_normal((keys.shape[0], 5)).astype(np.float32)
+        show = np.ones(keys.shape[0], np.float32)
+        click = (rng.random(keys.shape[0]) < 0.3).astype(np.float32)
+        if step % 2:
+            t.push_unchecked(keys, g, show, click)
+        else:
+            t.push(keys, g, show, click)
+        unseen = np.arange(1000, 1300, dtype=np.int64)  # never created: zeros, nothing made
+        pulled.append(t.pull(np.concatenate([keys[:50], unseen]), create=False))
+    return t, pulled
+
+
+@needs_team
+def test_the_runtime_is_torchs_openmp():
+    assert team._get_team() is not None
+
+
+@needs_team
+@pytest.mark.parametrize(
+    "opt", [SGD(0.1), AdaGrad(0.05), Adam(0.01), Ftrl(0.1, l1=0.01)], ids=lambda o: type(o).__name__
+)
+def test_the_team_gives_the_table_the_python_threads_give(two_slices, monkeypatch, opt):
+    on, pulled_on = _train(opt, "1", monkeypatch)
+    off, pulled_off = _train(opt, "0", monkeypatch)
+    for a, b in zip(pulled_on, pulled_off, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(on) == len(off)
+    k_on, r_on = on.records()
+    k_off, r_off = off.records()
+    np.testing.assert_array_equal(k_on, k_off)
+    np.testing.assert_array_equal(r_on, r_off)
+    assert pulled_on[1][50:].any() == False  # noqa: E712 - the unseen keys read as zeros
+
+
+@needs_team
+def test_a_repeated_key_is_refused_on_the_team_too(two_slices, monkeypatch):
+    monkeypatch.setenv("TNREC_TABLE_TEAM", "1")
+    t = SparseTable(4, AdaGrad(), name="t")
+    keys = np.arange(100, dtype=np.int64)
+    t.pull(keys)
+    repeated = np.concatenate([keys, keys[:3]])
+    with pytest.raises(TableKeyError, match="3 duplicate"):
+        t.pull(repeated)
+    assert len(t) == 100
+
+
+@needs_team
+def test_when_a_call_runs_on_the_team(monkeypatch):
+    parts = [(0, 10), (10, 20)]
+    a = np.zeros(20, np.int64)
+    monkeypatch.delenv("TNREC_TABLE_TEAM", raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert team.usable(parts, a)
+        assert not team.usable(parts[:1], a)  # one slice: this thread alone
+        assert not team.usable(parts, a[::2])  # not contiguous
+        torch.set_num_threads(1)  # torch's team is smaller than the call
+        assert not team.usable(parts, a)
+        torch.set_num_threads(2)
+        got = []
+        side = threading.Thread(target=lambda: got.append(team.usable(parts, a)))
+        side.start()
+        side.join()
+        assert got == [False]  # another thread's OpenMP team is not torch's
+        monkeypatch.setenv("TNREC_TABLE_TEAM", "0")
+        assert not team.usable(parts, a)
+        monkeypatch.setenv("TNREC_TABLE_TEAM", "1")
+        torch.set_num_threads(1)
+        assert team.usable(parts, a)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_team
+def test_a_misshapen_array_is_an_internal_error():
+    with pytest.raises(RuntimeError, match="expected C-contiguous float32"):
+        team._address(np.zeros((4, 2), np.float64), np.float32, 2)
