@@ -31,7 +31,9 @@ The strided walk of the general kernels over ``vids``, ``offsets`` and
 arrays out of the caches (``bench/parts_bench.py``). The forward gives the
 same bits (a one-key bag's scale is 1 under every combiner); the backward
 adds a key's occurrences in row order rather than column order, which can
-change the last bits of a key used more than twice.
+change the last bits of a key used more than twice. A large forward
+(:data:`TEAM_MIN_VALUES`) runs in slices on torch's OpenMP team where
+:mod:`tnrec.table.team` says it can, with the same bits.
 
 Two implementations give these values. A CPU ``E`` is pooled by the numba
 kernels below, on the tensors' host memory. Any other ``E`` (a GPU's) is
@@ -55,6 +57,8 @@ import torch
 
 from tnrec.errors import ArgumentError
 from tnrec.layers.device import to_device
+from tnrec.table import team, threads
+from tnrec.table._llvm import _f32_ptr, _i32_ptr, _i64_ptr
 
 #: Pool CPU tensors with the torch ops of :func:`pool_torch` instead of the
 #: numba kernels (tests and measurements set it; tensors on other devices
@@ -251,6 +255,43 @@ def _one_key_backward(
         _scatter_all(grad_out, ids, grad_E, D)
 
 
+def _one_key_forward_body(addr: int) -> None:  # pragma: no cover - compiled
+    """The team's forward: slices of the output's blocks (:mod:`tnrec.table.team`)."""
+    b = _i64_ptr(addr)
+    P = b[1]
+    a = team.HEAD + 2 * P
+    U, D, n = b[a + 1], b[a + 2], b[a + 4]
+    E = nb.carray(_f32_ptr(b[a]), (U, D))
+    ids = nb.carray(_i32_ptr(b[a + 3]), (n,))
+    out = nb.carray(_f32_ptr(b[a + 5]), (n * D,))
+    while True:
+        p = team.next_slice(addr)
+        if p >= P:
+            return
+        lo, hi = b[2 + p], b[3 + p]
+        _one_key_forward(E, ids[lo:hi], out[lo * D : hi * D])
+
+
+#: The output values (``B * C * D``) from which the one-key forward runs on torch's OpenMP
+#: team (:mod:`tnrec.table.team`) where it is usable; below, the hand-off costs more than
+#: the second thread saves. The backward stays in one thread: on the team (each thread adding
+#: the blocks of its own columns) it was no faster.
+TEAM_MIN_VALUES = 1 << 19
+
+_ONE_KEY_FORWARD = team.Body(_one_key_forward_body)
+
+
+def _one_key_forward_on_team(parts: list[tuple[int, int]], E: Any, ids: Any, flat: Any) -> None:
+    """:func:`_one_key_forward` of ``E[U, D]`` into ``flat[B*C*D]``, ``parts`` of ``ids``
+    a thread of the team."""
+    U, D = E.shape
+    args = [
+        team.address(E, np.float32, 2), U, D,
+        team.address(ids, np.int32, 1), ids.shape[0], team.address(flat, np.float32, 1),
+    ]  # fmt: skip
+    team.run(_ONE_KEY_FORWARD, parts, args)
+
+
 def one_key_bags(
     vids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], batch_size: int, num_rows: int
 ) -> npt.NDArray[np.int32] | None:
@@ -329,7 +370,12 @@ class PoolOneKey(torch.autograd.Function):
     ) -> torch.Tensor:
         D = E.shape[1]
         out = torch.empty((batch_size, columns * D), dtype=torch.float32)
-        _one_key_forward(E.detach().numpy(), ids, out.numpy().reshape(-1))
+        rows, flat = E.detach().numpy(), out.numpy().reshape(-1)
+        parts = threads.slices(ids.shape[0])
+        if flat.shape[0] >= TEAM_MIN_VALUES and team.usable(parts, rows, ids):
+            _one_key_forward_on_team(parts, rows, ids, flat)
+        else:
+            _one_key_forward(rows, ids, flat)
         ctx.ids = ids
         ctx.shape = (E.shape[0], D)
         return out

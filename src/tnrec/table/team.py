@@ -4,13 +4,14 @@ When torch's intra-op threads fill the cores, the workers of torch's OpenMP
 runtime keep spinning for a while after each torch operation (libgomp's
 ``GOMP_SPINCOUNT``). A table kernel cut over Python threads
 (:func:`tnrec.table.threads.run`) then shares a core with a spinning worker,
-and in two threads it takes longer than in one. The two kernels every
-training step runs in several slices -- the pull's lookup and gather
-(:func:`tnrec.table.rows.lookup_gather`) and the push's optimizer rule
-(:func:`tnrec.table.rows.apply_push`) -- therefore run on that very team when
-they can: ``GOMP_parallel`` of the OpenMP runtime torch loaded, with a
-compiled numba ``cfunc`` as the team's body. The spinning workers take the
-slices at once, and no thread of ours competes with them.
+and in two threads it takes longer than in one. The kernels a training
+step runs in several slices -- the pull's lookup and gather
+(:func:`tnrec.table.rows.lookup_gather`), the push's optimizer rule
+(:func:`tnrec.table.rows.apply_push`) and the one-key pooling's forward
+(:mod:`tnrec.layers.pooling`) -- therefore run on that very team when they
+can: ``GOMP_parallel`` of the OpenMP runtime torch loaded, with a compiled
+numba ``cfunc`` (a :class:`Body`) as the team's body. The spinning workers
+take the slices at once, and no thread of ours competes with them.
 
 The slices are the ones :func:`tnrec.table.threads.slices` cuts, and each is
 computed by the same kernel as on the Python threads, so the results are the
@@ -35,7 +36,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba as nb
@@ -46,7 +47,17 @@ from numba import types
 from tnrec.table import rows
 from tnrec.table._llvm import _f32_ptr, _f64_ptr, _fetch_add, _i32_ptr, _i64_ptr
 
-__all__ = ["apply_push", "lookup_gather", "usable", "warm"]
+__all__ = [
+    "HEAD",
+    "Body",
+    "address",
+    "apply_push",
+    "lookup_gather",
+    "next_slice",
+    "run",
+    "usable",
+    "warm",
+]
 
 _ENV = "TNREC_TABLE_TEAM"
 
@@ -56,18 +67,49 @@ _ENV = "TNREC_TABLE_TEAM"
 #   [2 .. P + 2]      the bounds: slice p is [bounds[p], bounds[p + 1])
 #   [P + 3 .. 2P + 3) each slice's result
 #   [2P + 3 ..]       the kernel's arguments (addresses, sizes, scalars)
-_HEAD = 3
+HEAD = 3
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
-def _next_slice(addr: int) -> int:  # pragma: no cover - compiled
+def next_slice(addr: int) -> int:  # pragma: no cover - compiled
+    """The next slice for this thread to take from the block at ``addr`` (>= P: none left)."""
     return _fetch_add(addr, 1)
+
+
+class Body:
+    """A team's body: ``fn(addr)``, compiled as a numba ``cfunc`` on first use.
+
+    ``fn`` reads the block at ``addr`` (layout above) and, until
+    :func:`next_slice` returns P or more, runs its kernel on slice
+    ``[bounds[p], bounds[p + 1])``, writing the slice's result (if any) to
+    ``block[HEAD + P + p]``. Every body made is compiled by :func:`warm`.
+    """
+
+    def __init__(self, fn: Callable[[int], None]) -> None:
+        self.fn = fn
+        self._cfunc: Any = None  # kept alive: the team calls its address
+        _made.append(self)
+
+    def address(self) -> int:
+        """The compiled body's address (compiled, or loaded from numba's cache, once)."""
+        if self._cfunc is None:
+            with _lock:
+                if self._cfunc is None:
+                    self._cfunc = nb.cfunc(types.void(types.int64), cache=True)(self.fn)
+        got = self._cfunc.address
+        if got is None:  # pragma: no cover - a compiled cfunc has one
+            raise RuntimeError(f"internal error: the team body {self.fn.__name__} has no address")
+        return int(got)
+
+
+_made: list[Body] = []
+_lock = threading.Lock()
 
 
 def _lookup_gather_body(addr: int) -> None:  # pragma: no cover - compiled
     b = _i64_ptr(addr)
     P = b[1]
-    a = _HEAD + 2 * P
+    a = HEAD + 2 * P
     slots = nb.carray(_i32_ptr(b[a]), (b[a + 1], 3))
     bases = nb.carray(_i64_ptr(b[a + 2]), (b[a + 3],))
     stride, shift, lmask, n, D = b[a + 4], b[a + 5], b[a + 6], b[a + 7], b[a + 8]
@@ -75,11 +117,11 @@ def _lookup_gather_body(addr: int) -> None:  # pragma: no cover - compiled
     found = nb.carray(_i32_ptr(b[a + 10]), (n,))
     out = nb.carray(_f32_ptr(b[a + 11]), (n, D))
     while True:
-        p = _next_slice(addr)
+        p = next_slice(addr)
         if p >= P:
             return
         lo, hi = b[2 + p], b[3 + p]
-        b[_HEAD + P + p] = rows.lookup_gather(
+        b[HEAD + P + p] = rows.lookup_gather(
             slots, bases, stride, shift, lmask, keys[lo:hi], found[lo:hi], out[lo:hi], D
         )
 
@@ -87,7 +129,7 @@ def _lookup_gather_body(addr: int) -> None:  # pragma: no cover - compiled
 def _apply_push_body(addr: int) -> None:  # pragma: no cover - compiled
     b = _i64_ptr(addr)
     P = b[1]
-    a = _HEAD + 2 * P
+    a = HEAD + 2 * P
     bases = nb.carray(_i64_ptr(b[a]), (b[a + 1],))
     stride, shift, lmask, n, D = b[a + 2], b[a + 3], b[a + 4], b[a + 5], b[a + 6]
     S, kind, gen = b[a + 7], b[a + 8], np.int32(b[a + 9])
@@ -97,7 +139,7 @@ def _apply_push_body(addr: int) -> None:  # pragma: no cover - compiled
     show = nb.carray(_f32_ptr(b[a + 14]), (n,))
     click = nb.carray(_f32_ptr(b[a + 15]), (n,))
     while True:
-        p = _next_slice(addr)
+        p = next_slice(addr)
         if p >= P:
             return
         lo, hi = b[2 + p], b[3 + p]
@@ -107,32 +149,17 @@ def _apply_push_body(addr: int) -> None:  # pragma: no cover - compiled
         )  # fmt: skip
 
 
-_BODIES = {"lookup_gather": _lookup_gather_body, "apply_push": _apply_push_body}
+_LOOKUP_GATHER = Body(_lookup_gather_body)
+_APPLY_PUSH = Body(_apply_push_body)
 
 
 class _Team:
-    """The OpenMP runtime torch loaded, and the compiled bodies (built on first use)."""
+    """The OpenMP runtime torch loaded."""
 
     def __init__(self, parallel: Any) -> None:
         self.parallel = parallel  # GOMP_parallel(fn, data, num_threads, flags)
-        self.bodies: dict[str, Any] = {}  # name -> numba cfunc (kept alive: its address is used)
-
-    def body(self, name: str) -> int:
-        cf = self.bodies.get(name)
-        if cf is None:
-            with _lock:
-                cf = self.bodies.get(name)
-                if cf is None:
-                    sig = types.void(types.int64)
-                    cf = nb.cfunc(sig, cache=True)(_BODIES[name])
-                    self.bodies[name] = cf
-        address = cf.address
-        if address is None:  # pragma: no cover - a compiled cfunc has one
-            raise RuntimeError(f"internal error: the team body {name!r} has no address")
-        return int(address)
 
 
-_lock = threading.Lock()
 _team: _Team | None = None
 _looked = False
 
@@ -177,12 +204,21 @@ def _get_team() -> _Team | None:
     return _team
 
 
+def _forget_in_child() -> None:
+    # A forked child has none of the parent's OpenMP threads: it keeps to the Python threads.
+    global _team, _looked
+    _team, _looked = None, True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def warm() -> None:
-    """Compile (or load from numba's cache) the team's bodies, where the team is used."""
-    team = _get_team()
-    if team is not None:
-        for name in _BODIES:
-            team.body(name)
+    """Compile (or load from numba's cache) every body made so far, where the team is used."""
+    if _get_team() is not None:
+        for body in list(_made):
+            body.address()
 
 
 def usable(parts: Sequence[tuple[int, int]], *arrays: np.ndarray) -> bool:
@@ -202,23 +238,26 @@ def usable(parts: Sequence[tuple[int, int]], *arrays: np.ndarray) -> bool:
     return torch.get_num_threads() >= len(parts)
 
 
-def _run(name: str, parts: Sequence[tuple[int, int]], args: list[int]) -> npt.NDArray[np.int64]:
-    """Run body ``name`` over ``parts`` on the team; return each slice's result."""
+def run(body: Body, parts: Sequence[tuple[int, int]], args: list[int]) -> npt.NDArray[np.int64]:
+    """Run ``body`` over ``parts`` with ``args`` on the team (after :func:`usable` said so);
+    return each slice's result."""
     team = _get_team()
     if team is None:  # pragma: no cover - callers check usable() first
         raise RuntimeError("internal error: no OpenMP team to run a table kernel on")
     P = len(parts)
-    block = np.empty(_HEAD + 2 * P + len(args), np.int64)
+    block = np.empty(HEAD + 2 * P + len(args), np.int64)
     block[0] = 0
     block[1] = P
     block[2 : 3 + P] = [a for a, _ in parts] + [parts[-1][1]]
-    block[_HEAD + P : _HEAD + 2 * P] = 0
-    block[_HEAD + 2 * P :] = args
-    team.parallel(team.body(name), block.ctypes.data, P, 0)
-    return block[_HEAD + P : _HEAD + 2 * P].copy()
+    block[HEAD + P : HEAD + 2 * P] = 0
+    block[HEAD + 2 * P :] = args
+    team.parallel(body.address(), block.ctypes.data, P, 0)
+    return block[HEAD + P : HEAD + 2 * P].copy()
 
 
-def _address(a: np.ndarray, dtype: Any, ndim: int) -> int:
+def address(a: np.ndarray, dtype: Any, ndim: int) -> int:
+    """The address of ``a``'s data, for a block; an internal error unless ``a`` is a
+    C-contiguous ``dtype`` array of ``ndim`` dimensions."""
     if a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
         raise RuntimeError(
             f"internal error: a team kernel got a {a.dtype} array of {a.ndim} dimension(s) "
@@ -240,12 +279,12 @@ def lookup_gather(
     keys absent from the index."""
     bases, stride, shift, lmask = loc
     args = [
-        _address(slots, np.int32, 2), slots.shape[0],
-        _address(bases, np.int64, 1), bases.shape[0],
+        address(slots, np.int32, 2), slots.shape[0],
+        address(bases, np.int64, 1), bases.shape[0],
         stride, shift, lmask, keys.shape[0], out.shape[1],
-        _address(keys, np.int64, 1), _address(found, np.int32, 1), _address(out, np.float32, 2),
+        address(keys, np.int64, 1), address(found, np.int32, 1), address(out, np.float32, 2),
     ]  # fmt: skip
-    return int(_run("lookup_gather", parts, args).sum())
+    return int(run(_LOOKUP_GATHER, parts, args).sum())
 
 
 def apply_push(
@@ -263,10 +302,10 @@ def apply_push(
     """:func:`tnrec.table.rows.apply_push` over ``parts`` on the team."""
     bases, stride, shift, lmask = loc
     args = [
-        _address(bases, np.int64, 1), bases.shape[0],
+        address(bases, np.int64, 1), bases.shape[0],
         stride, shift, lmask, found.shape[0], grads.shape[1], S, kind, int(gen),
-        _address(hp, np.float64, 1), hp.shape[0],
-        _address(found, np.int32, 1), _address(grads, np.float32, 2),
-        _address(show, np.float32, 1), _address(click, np.float32, 1),
+        address(hp, np.float64, 1), hp.shape[0],
+        address(found, np.int32, 1), address(grads, np.float32, 2),
+        address(show, np.float32, 1), address(click, np.float32, 1),
     ]  # fmt: skip
-    _run("apply_push", parts, args)
+    run(_APPLY_PUSH, parts, args)

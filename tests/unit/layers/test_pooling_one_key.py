@@ -179,3 +179,37 @@ def test_one_key_pooling_of_an_empty_batch_gives_no_rows():
     assert out.shape == (0, 8)
     out.sum().backward()
     assert E.grad is not None and not E.grad.any()
+
+
+@pytest.mark.parametrize("D", [1, 16])
+def test_the_one_key_forward_on_torchs_openmp_team_gives_the_same_bits(D, monkeypatch):
+    from tnrec.table import team, threads
+
+    if team._get_team() is None:
+        pytest.skip("torch's OpenMP runtime is not found here (see tnrec.table.team)")
+    monkeypatch.setattr(threads, "MIN_SLICE", 16)
+    monkeypatch.setattr(pooling, "TEAM_MIN_VALUES", 0)
+    before = threads.get_num_threads()
+    threads.set_num_threads(2)
+    try:
+        rng = np.random.default_rng(5)
+        C, B, U = 6, 50, 11  # 300 bags in two slices over 11 rows
+        vids, offsets = _bags(rng, C, B, U)
+        ids = one_key_bags(vids, offsets, B, U)
+        assert ids is not None and (ids < 0).any()  # empty bags too
+        E = torch.from_numpy(rng.standard_normal((U, D)).astype(np.float32))
+        scales = bag_scales(np.diff(offsets), "sum")
+        g = torch.randn(B, C * D, generator=torch.Generator().manual_seed(2))
+        got = {}
+        for mode in ("1", "0"):
+            monkeypatch.setenv("TNREC_TABLE_TEAM", mode)
+            assert team.usable(threads.slices(ids.shape[0]), ids) == (mode == "1")
+            leaf = E.clone().requires_grad_()
+            out = pool(leaf, vids, offsets, scales, B, C, one_key=ids)
+            out.backward(g)
+            got[mode] = (out.detach(), leaf.grad)
+        torch.testing.assert_close(got["1"][0], got["0"][0], rtol=0, atol=0)
+        torch.testing.assert_close(got["1"][1], got["0"][1], rtol=0, atol=0)
+        assert got["1"][1].abs().sum() > 0
+    finally:
+        threads.set_num_threads(before)

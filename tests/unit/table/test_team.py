@@ -121,4 +121,4 @@ def test_when_a_call_runs_on_the_team(monkeypatch):
 @needs_team
 def test_a_misshapen_array_is_an_internal_error():
     with pytest.raises(RuntimeError, match="expected C-contiguous float32"):
-        team._address(np.zeros((4, 2), np.float64), np.float32, 2)
+        team.address(np.zeros((4, 2), np.float64), np.float32, 2)
