@@ -19,13 +19,13 @@ same whichever way a call runs (each slice writes its own keys' outputs and
 rows). The team's threads take the slices in turn from a shared counter.
 
 A call runs on the team (:func:`usable`) when all of these hold; otherwise it
-runs on the Python threads as before:
+runs on the Python threads:
 
 * ``TNREC_TABLE_TEAM`` is not ``0`` (``1`` runs every call of two or more
   slices on the team, whatever the thread and torch's thread count);
-* torch's parallel backend is OpenMP and exactly one OpenMP runtime is
-  loaded, or one in torch's own ``lib`` directory (Linux: read from
-  ``/proc/self/maps``; elsewhere the team is not used);
+* torch is imported, its parallel backend is OpenMP, and exactly one
+  OpenMP runtime is loaded, or one in torch's own ``lib`` directory (Linux:
+  read from ``/proc/self/maps``; elsewhere the team is not used);
 * the call comes from the main thread, whose OpenMP team torch's operations
   use, and torch runs at least as many threads as the call has slices, so
   the team's workers exist and would be spinning anyway.
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -164,10 +165,9 @@ _team: _Team | None = None
 _looked = False
 
 
-def _find_runtime() -> _Team | None:
-    """Return torch's OpenMP runtime, or None when it cannot be told for sure."""
-    import torch
-
+def _find_runtime(torch: Any) -> _Team | None:
+    """Return the OpenMP runtime of ``torch`` (the module), or None when it cannot be told
+    for sure."""
     if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return None
     try:
@@ -195,11 +195,16 @@ def _find_runtime() -> _Team | None:
 
 
 def _get_team() -> _Team | None:
+    """torch's OpenMP runtime; None while torch is not imported (tnrec's tables do not
+    import it: a process that never runs a torch operation has no team to share)."""
     global _team, _looked
     if not _looked:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
         with _lock:
             if not _looked:
-                _team = _find_runtime()
+                _team = _find_runtime(torch)
                 _looked = True
     return _team
 
@@ -233,9 +238,7 @@ def usable(parts: Sequence[tuple[int, int]], *arrays: np.ndarray) -> bool:
         return True
     if threading.current_thread() is not threading.main_thread():
         return False
-    import torch
-
-    return torch.get_num_threads() >= len(parts)
+    return bool(sys.modules["torch"].get_num_threads() >= len(parts))
 
 
 def run(body: Body, parts: Sequence[tuple[int, int]], args: list[int]) -> npt.NDArray[np.int64]:

@@ -7,6 +7,7 @@ threads, and the tables must come out the same bit for bit.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 
@@ -122,3 +123,24 @@ def test_when_a_call_runs_on_the_team(monkeypatch):
 def test_a_misshapen_array_is_an_internal_error():
     with pytest.raises(RuntimeError, match="expected C-contiguous float32"):
         team.address(np.zeros((4, 2), np.float64), np.float32, 2)
+
+
+def test_a_process_without_torch_never_imports_it_for_the_team():
+    # tnrec's tables do not import torch; a large pull there keeps to the Python threads
+    code = (
+        "import sys, numpy as np\n"
+        "from tnrec.table import AdaGrad, SparseTable, team, threads\n"
+        "threads.set_num_threads(2)\n"
+        "t = SparseTable(4, AdaGrad(), name='t')\n"
+        "keys = np.arange(40000, dtype=np.int64)\n"
+        "t.pull(keys)\n"
+        "t.push(keys, np.zeros((40000, 4), np.float32), np.ones(40000, np.float32),"
+        " np.ones(40000, np.float32))\n"
+        "assert len(threads.slices(40000)) == 2\n"
+        "assert not team.usable(threads.slices(40000), keys)\n"
+        "assert 'torch' not in sys.modules, 'the team imported torch'\n"
+        "print('ok')\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "ok"
