@@ -220,10 +220,9 @@ if hasattr(os, "register_at_fork"):
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) every body made so far, where the team is used."""
-    if _get_team() is not None:
-        for body in list(_made):
-            body.address()
+    """Compile (or load from numba's cache) every body made so far."""
+    for body in list(_made):
+        body.address()
 
 
 def usable(parts: Sequence[tuple[int, int]], *arrays: np.ndarray) -> bool:

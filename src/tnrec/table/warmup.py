@@ -61,9 +61,7 @@ def warm() -> float:
     t.pull(big + REGION_INSERT_MIN)
     t.pull(np.arange(REGION_INSERT_MIN, 3 * REGION_INSERT_MIN, dtype=np.int64))
     t.pull(big + 3 * REGION_INSERT_MIN)
-    from tnrec.layers import pooling  # noqa: F401 - makes the pooling's team bodies
-
-    team.warm()  # the bodies the step's pull, pooling and push run on torch's OpenMP team
+    team.warm()  # the bodies the step's pull and push run on torch's OpenMP team
     return time.perf_counter() - t0
 
 

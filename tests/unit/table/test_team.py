@@ -1,8 +1,9 @@
 """The step's pull and push on torch's OpenMP team: the same table as on Python threads.
 
-``MIN_SLICE`` is lowered so that batches of a few hundred keys run in two
-slices; ``TNREC_TABLE_TEAM=1`` runs them on the team, ``0`` on the Python
-threads, and the tables must come out the same bit for bit.
+``MIN_SLICE`` is lowered so that batches of a few hundred keys (the calls of
+``test_threads``) run in two slices; ``TNREC_TABLE_TEAM=1`` runs them on the
+team, ``0`` on the Python threads, and the tables must come out the same bit
+for bit.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.table.test_threads import _run
 from tnrec.errors import TableKeyError
 from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable, team, threads
 
@@ -35,26 +37,13 @@ def two_slices(monkeypatch):
 
 
 def _train(opt, mode, monkeypatch):
-    """Pulls that create and that miss, checked and unchecked pushes, in two slices."""
+    """test_threads' pulls and pushes in two slices, then a pull of present and unseen keys."""
     monkeypatch.setenv("TNREC_TABLE_TEAM", mode)
-    rng = np.random.default_rng(7)
-    t = SparseTable(5, opt, name="t", seed=2)
-    pulled = []
-    for step in range(4):
-        keys = np.unique(rng.integers(-500, 500, size=300)).astype(np.int64)
-        rng.shuffle(keys)
-        assert team.usable(threads.slices(keys.shape[0]), keys) == (mode == "1")
-        pulled.append(t.pull(keys))
-        g = rng.standard_normal((keys.shape[0], 5)).astype(np.float32)
-        show = np.ones(keys.shape[0], np.float32)
-        click = (rng.random(keys.shape[0]) < 0.3).astype(np.float32)
-        if step % 2:
-            t.push_unchecked(keys, g, show, click)
-        else:
-            t.push(keys, g, show, click)
-        unseen = np.arange(1000, 1300, dtype=np.int64)  # never created: zeros, nothing made
-        pulled.append(t.pull(np.concatenate([keys[:50], unseen]), create=False))
-    return t, pulled
+    assert team.usable(threads.slices(300), np.zeros(300, np.int64)) == (mode == "1")
+    t = _run(opt, 2)
+    keys, _ = t.records()
+    unseen = np.arange(1000, 1300, dtype=np.int64)  # never created: zeros, nothing made
+    return t, [t.pull(np.concatenate([keys[:50], unseen]), create=False)]
 
 
 @needs_team
@@ -76,7 +65,7 @@ def test_the_team_gives_the_table_the_python_threads_give(two_slices, monkeypatc
     k_off, r_off = off.records()
     np.testing.assert_array_equal(k_on, k_off)
     np.testing.assert_array_equal(r_on, r_off)
-    assert pulled_on[1][50:].any() == False  # noqa: E712 - the unseen keys read as zeros
+    assert not pulled_on[0][50:].any()  # the unseen keys read as zeros
 
 
 @needs_team
