@@ -285,6 +285,8 @@ def _one_key_forward_on_team(parts: list[tuple[int, int]], E: Any, ids: Any, fla
     """:func:`_one_key_forward` of ``E[U, D]`` into ``flat[B*C*D]``, ``parts`` of ``ids``
     a thread of the team."""
     U, D = E.shape
+    if flat.shape[0] != ids.shape[0] * D:
+        raise RuntimeError("internal error: a one-key output does not hold a row a bag")
     args = [
         team.address(E, np.float32, 2), U, D,
         team.address(ids, np.int32, 1), ids.shape[0], team.address(flat, np.float32, 1),

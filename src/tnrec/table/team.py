@@ -22,7 +22,8 @@ A call runs on the team (:func:`usable`) when all of these hold; otherwise it
 runs on the Python threads:
 
 * ``TNREC_TABLE_TEAM`` is not ``0`` (``1`` runs every call of two or more
-  slices on the team, whatever the thread and torch's thread count);
+  slices on the team, whatever the thread and torch's thread count, as long
+  as the runtime is found);
 * torch is imported, its parallel backend is OpenMP, and exactly one
   OpenMP runtime is loaded, or one in torch's own ``lib`` directory (Linux:
   read from ``/proc/self/maps``; elsewhere the team is not used);
@@ -247,6 +248,8 @@ def run(body: Body, parts: Sequence[tuple[int, int]], args: list[int]) -> npt.ND
     if team is None:  # pragma: no cover - callers check usable() first
         raise RuntimeError("internal error: no OpenMP team to run a table kernel on")
     P = len(parts)
+    if any(parts[i][1] != parts[i + 1][0] for i in range(P - 1)):
+        raise RuntimeError(f"internal error: a team's slices must follow each other: {parts}")
     block = np.empty(HEAD + 2 * P + len(args), np.int64)
     block[0] = 0
     block[1] = P
@@ -269,6 +272,14 @@ def address(a: np.ndarray, dtype: Any, ndim: int) -> int:
     return int(a.ctypes.data)
 
 
+def _same_rows(*arrays: np.ndarray) -> None:
+    """An internal error unless ``arrays`` have as many rows each (a body reads ``n`` of each)."""
+    if len({a.shape[0] for a in arrays}) != 1:
+        raise RuntimeError(
+            f"internal error: a team kernel got arrays of {[a.shape[0] for a in arrays]} rows"
+        )
+
+
 def lookup_gather(
     parts: Sequence[tuple[int, int]],
     slots: np.ndarray,
@@ -280,6 +291,7 @@ def lookup_gather(
     """:func:`tnrec.table.rows.lookup_gather` over ``parts`` on the team; return the
     keys absent from the index."""
     bases, stride, shift, lmask = loc
+    _same_rows(keys, found, out)
     args = [
         address(slots, np.int32, 2), slots.shape[0],
         address(bases, np.int64, 1), bases.shape[0],
@@ -303,6 +315,7 @@ def apply_push(
 ) -> None:
     """:func:`tnrec.table.rows.apply_push` over ``parts`` on the team."""
     bases, stride, shift, lmask = loc
+    _same_rows(found, grads, show, click)
     args = [
         address(bases, np.int64, 1), bases.shape[0],
         stride, shift, lmask, found.shape[0], grads.shape[1], S, kind, int(gen),

@@ -133,3 +133,14 @@ def test_a_process_without_torch_never_imports_it_for_the_team():
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "ok"
+
+
+@needs_team
+def test_misfitting_arrays_and_slices_are_internal_errors():
+    loc = (np.zeros(1, np.int64), 8, 10, 1023)
+    slots = np.zeros((4, 3), np.int32)
+    keys, found = np.zeros(10, np.int64), np.zeros(10, np.int32)
+    with pytest.raises(RuntimeError, match=r"\[10, 10, 9\] rows"):
+        team.lookup_gather([(0, 5), (5, 10)], slots, loc, keys, found, np.zeros((9, 2), np.float32))
+    with pytest.raises(RuntimeError, match="must follow each other"):
+        team.run(team._LOOKUP_GATHER, [(0, 4), (5, 10)], [])
