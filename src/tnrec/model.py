@@ -407,6 +407,9 @@ class Model(TrainingSteps, torch.nn.Module):
         # Tables over the same columns share the step's de-duplication (the same
         # arrays): their show and click are computed once.
         counted: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # train_step leaves its count of missing gradients only once it found every
+        # gradient finite on every worker: the PS need not read them again
+        checked = self._missing_grads is not None
         without = self._workers_without_grad(step)
         for t, (table, ts) in enumerate(step.items()):
             if not ts.E.requires_grad or without[t] == self.ps.world_size:
@@ -431,7 +434,7 @@ class Model(TrainingSteps, torch.nn.Module):
                 if g is not None:
                     on[inverse] = True
                 active[table] = on
-        self.ps.push(keys, grads, shows, clicks, active)
+        self.ps.push(keys, grads, shows, clicks, active, checked=checked)
         self._release()
 
     def _workers_without_grad(self, step: dict[str, TemporaryMatrix]) -> npt.NDArray[np.float64]:

@@ -70,6 +70,8 @@ class ParameterServer(Protocol):
         show: Mapping[str, npt.NDArray[np.float32]],
         click: Mapping[str, npt.NDArray[np.float32]],
         active: Mapping[str, npt.NDArray[np.bool_]] | None = None,
+        *,
+        checked: bool = False,
     ) -> None:
         """Apply each table's optimizer once per key of the preceding :meth:`pull`.
 
@@ -79,6 +81,8 @@ class ParameterServer(Protocol):
         ``active[t]`` (``bool[U]``), where given, marks the keys to apply: a
         key no worker marks is left as it is (no optimizer rule, no show or
         click, no marker); every worker must give ``active`` for the same tables.
+        ``checked=True`` says the caller found every gradient of ``grads``
+        finite (the training step's check): the PS does not read them for it again.
         """
         ...
 

@@ -122,16 +122,20 @@ class LocalPS:
         show: Mapping[str, npt.NDArray[np.float32]],
         click: Mapping[str, npt.NDArray[np.float32]],
         active: Mapping[str, npt.NDArray[np.bool_]] | None = None,
+        *,
+        checked: bool = False,
     ) -> None:
         """Apply each table's optimizer once per key with the step's summed gradient.
 
         Tables absent from ``keys`` are not pushed; with ``active[t]`` only the
-        marked keys of table ``t`` are.
+        marked keys of table ``t`` are. ``checked=True``: the caller found every
+        gradient finite, and they are not checked again.
 
         Raises:
-            NonFiniteError: a gradient is NaN or infinite (nothing is pushed).
+            NonFiniteError: a gradient is NaN or infinite (nothing is pushed;
+                not checked with ``checked=True``).
         """
-        for name in keys:
+        for name in () if checked else keys:
             if not np.isfinite(grads[name]).all():
                 raise NonFiniteError(
                     f'Table "{name}": the step produced a NaN or infinite embedding gradient '

@@ -261,6 +261,8 @@ class ShardedPS:
         show: Mapping[str, npt.NDArray[np.float32]],
         click: Mapping[str, npt.NDArray[np.float32]],
         active: Mapping[str, npt.NDArray[np.bool_]] | None = None,
+        *,
+        checked: bool = False,
     ) -> None:
         """Send each key's gradient and show/click to its owner, which applies them once.
 
@@ -274,7 +276,9 @@ class ShardedPS:
             ArgumentError: ``keys`` differ from the preceding pull's (checked
                 before anything is sent: a worker that pushes other keys raises
                 here, and the others' push then fails at the collective timeout).
-            NonFiniteError: a pushed gradient is NaN or infinite.
+            NonFiniteError: a pushed gradient is NaN or infinite. The owners
+                check the sums they apply whatever ``checked`` says: finite
+                gradients can add up to an infinity.
         """
         self._check_push_keys(keys)
         W = self.world_size

@@ -189,9 +189,9 @@ def test_bf16_trains_with_float32_tables_and_gradients(batches, monkeypatch, dev
     pushed = []
     push = m.ps.push
 
-    def recording_push(keys, grads, *args):
+    def recording_push(keys, grads, *args, **kw):
         pushed.extend(g.dtype for g in grads.values())
-        return push(keys, grads, *args)
+        return push(keys, grads, *args, **kw)
 
     monkeypatch.setattr(m.ps, "push", recording_push)
     losses = [m.train_step(b)["loss"] for b in batches(30, 128, seed=1)]

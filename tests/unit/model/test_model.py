@@ -421,6 +421,32 @@ def test_a_nan_input_names_the_loss_the_tables_and_the_dense_parameters(batches)
         m.train_step(nan_batch)
 
 
+def test_a_manual_push_checks_the_gradients_train_steps_push_does_not_check_again(
+    batches, monkeypatch
+):
+    b = batches(1, 8)[0]
+    m = compiled()
+    flags = []
+    push = m.ps.push
+
+    def spy(*args, **kw):
+        flags.append(kw.get("checked", False))
+        return push(*args, **kw)
+
+    monkeypatch.setattr(m.ps, "push", spy)
+    m.train_step(b)
+    assert flags == [True]  # train_step found every gradient finite before its push
+    before = m.tables["emb"].rows()["weights"].copy()
+    step = m.pull(b)
+    loss, _ = m.compute_loss(b, m(b), norm=float(b.size))
+    loss.backward()
+    step["emb"].E.grad[0, 0] = float("nan")  # a custom step's gradient nobody checked
+    with pytest.raises(NonFiniteError, match=r'Table "emb": the step produced a NaN'):
+        m.push()
+    assert flags == [True, False]
+    np.testing.assert_array_equal(m.tables["emb"].rows()["weights"][: before.shape[0]], before)
+
+
 # --- evaluate / predict / test_step ---------------------------------------------------------
 
 
