@@ -255,11 +255,16 @@ def equivalence(
         push = model.ps.push
 
         def first_push(
-            keys: Any, grads: Any, *args: Any, _push: Any = push, _pushed: Any = pushed
+            keys: Any,
+            grads: Any,
+            *args: Any,
+            _push: Any = push,
+            _pushed: Any = pushed,
+            **kwargs: Any,
         ) -> Any:
             if not _pushed:
                 _pushed.update({n: np.array(g) for n, g in grads.items()})
-            return _push(keys, grads, *args)
+            return _push(keys, grads, *args, **kwargs)
 
         model.ps.push = first_push
         model.train_step(train[0])
