@@ -135,12 +135,13 @@ class LocalPS:
             NonFiniteError: a gradient is NaN or infinite (nothing is pushed;
                 not checked with ``checked=True``).
         """
-        for name in () if checked else keys:
-            if not np.isfinite(grads[name]).all():
-                raise NonFiniteError(
-                    f'Table "{name}": the step produced a NaN or infinite embedding gradient '
-                    "(check the loss and learning rates); no table was updated."
-                )
+        if not checked:
+            for name in keys:
+                if not np.isfinite(grads[name]).all():
+                    raise NonFiniteError(
+                        f'Table "{name}": the step produced a NaN or infinite embedding gradient '
+                        "(check the loss and learning rates); no table was updated."
+                    )
         for name, k in keys.items():
             g, s, c = grads[name], show[name], click[name]
             mask = active.get(name) if active is not None else None
