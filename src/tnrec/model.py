@@ -28,7 +28,7 @@ from tnrec.losses import (
     label_range,
 )
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
-from tnrec.prepare import PreparedBatch, prepared_for_pull, pull_rows
+from tnrec.prepare import Counts, PreparedBatch, prepare_ahead, prepared_for_pull, pull_rows
 from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.unique import show_click
 from tnrec.steps import TrainingSteps
@@ -98,6 +98,7 @@ class Model(TrainingSteps, torch.nn.Module):
         self._step: dict[str, TemporaryMatrix] | None = None
         self._batch: Batch | None = None
         self._prepared: PreparedBatch | None = None  # fit's pipeline: the next pull's batch
+        self._counts: Counts | None = None  # the pulled batch's show and click, counted ahead
         self._missing_grads: npt.NDArray[np.float64] | None = None  # train_step's, for push
         self._heads: list[Head] = []
         self._position_layers: list[PositionBias] = []  # handed each training batch
@@ -353,7 +354,7 @@ class Model(TrainingSteps, torch.nn.Module):
         pulled = pull_rows(ps, prepared, create, stats)
         device = self.device
         step = {}
-        shared: dict[Any, Any] = {}  # what layers over the same bags compute once
+        shared = prepared.shared  # what layers over the same bags compute once
         for table, layers in self._table_layers.items():
             part = prepared.tables[table]
             inverse, lays = part.inverse, part.layouts
@@ -377,7 +378,18 @@ class Model(TrainingSteps, torch.nn.Module):
             step[table] = TemporaryMatrix(part.keys, inverse, part.rows, E, trained)
         self._step = step
         self._batch = batch
+        self._counts = prepared.counts
         return step
+
+    def _prepare_ahead(self, prepared: PreparedBatch) -> None:
+        """What ``fit``'s input thread computes ahead for its next step: the layers'
+        one-key bags and the tables' show and click (:func:`tnrec.prepare.prepare_ahead`)."""
+        batch = prepared.batch
+        if batch is None:
+            return
+        label = self._click_label_values(batch)  # [B]
+        w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
+        prepare_ahead(self._table_layers, prepared, label, w, self.device)
 
     def push(self) -> None:
         """Push each temporary matrix's gradient and the keys' show/click to the tables.
@@ -405,8 +417,10 @@ class Model(TrainingSteps, torch.nn.Module):
         w = batch.weights if batch.weights is not None else np.ones(batch.size, np.float32)
         keys, grads, shows, clicks, active = {}, {}, {}, {}, {}
         # Tables over the same columns share the step's de-duplication (the same
-        # arrays): their show and click are computed once.
+        # arrays): their show and click are computed once, or were ahead, from these values.
         counted: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        if self._counts is not None and self._counts.counted_from(label, w):
+            counted = dict(self._counts.by_arrays)
         # train_step leaves its count of missing gradients only once it found every
         # gradient finite on every worker: the PS need not read them again
         checked = self._missing_grads is not None
@@ -457,6 +471,7 @@ class Model(TrainingSteps, torch.nn.Module):
         self._step = None
         self._missing_grads = None
         self._batch = None
+        self._counts = None
 
     def _click_label_values(self, batch: Batch) -> npt.NDArray[np.float64]:
         name = self.click_label or (self._heads[0].label if self._heads else None)

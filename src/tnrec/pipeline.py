@@ -9,9 +9,10 @@ One background thread, one batch ahead::
 The thread reads batch ``i + 1`` from the worker's iterator (the reader's own
 prefetch, when it has one, keeps decoding and hashing further ahead) and
 prepares it (:func:`tnrec.prepare.prepare_batch`: bag layouts and
-de-duplication, no table state) only once the consumer asked for it, which
-``fit`` does when step ``i`` starts, after that step's "is there more data"
-all-reduce. So the thread never reads a batch the unpipelined loop would not
+de-duplication; :func:`tnrec.prepare.prepare_ahead`: the layers' one-key
+bags, the keys' show and click; no table state) only once the consumer
+asked for it, which ``fit`` does when step ``i`` starts, after that step's
+"is there more data" all-reduce. So the thread never reads a batch the unpipelined loop would not
 have read (``steps_per_epoch`` is honoured exactly), and it never runs more
 than one batch ahead. Everything that reads table state -- the row pull --
 stays in the step, after step ``i``'s push: results are bit-identical to the
@@ -37,7 +38,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,10 @@ class InputPipeline:
             nothing is routed ahead.
         seconds: the dict :attr:`seconds` adds to (``fit``'s
             ``model.input_seconds``, live); None: a new one.
+        ahead: called in the input thread with every prepared batch, after
+            preparation, to compute more of its step ahead (``fit``'s: the
+            model's, :func:`tnrec.prepare.prepare_ahead`); an exception it
+            raises leaves the step to compute that part itself.
 
     Attributes:
         seconds: time the input thread spent reading (``"read"``), preparing
@@ -133,10 +138,12 @@ class InputPipeline:
         table_layers: Mapping[str, Sequence[EmbeddingFeatures]],
         route: Router | None = None,
         seconds: dict[str, float] | None = None,
+        ahead: Callable[[PreparedBatch], None] | None = None,
     ) -> None:
         self._part = part
         self._table_layers = table_layers
         self._route = route
+        self._ahead = ahead
         self._tracks = hasattr(part, "position") and hasattr(part, "seek")
         self.position: dict[str, Any] | None = part.position() if self._tracks else None  # type: ignore[attr-defined]
         self.seconds = seconds if seconds is not None else {}
@@ -245,6 +252,12 @@ class InputPipeline:
                 prepared = prepare_batch(self._table_layers, batch)
             except Exception as e:  # raised by the step's pull, where the inline pull raises it
                 prepared = PreparedBatch(batch, {}, error=e)
+            if self._ahead is not None and prepared.error is None:
+                try:
+                    self._ahead(prepared)
+                except Exception:  # the step computes it itself, and raises there what it raises
+                    prepared.shared.clear()
+                    prepared.counts = None
         t2 = time.perf_counter()
         self.seconds["prepare"] += t2 - t1
         if self._route is not None:  # every worker routes every step, keys or not

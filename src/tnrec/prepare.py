@@ -15,12 +15,20 @@ temporary matrices, each layer's virtual ids) waits for step ``i``'s push,
 since the rows it reads are the ones that push writes. Both parts compute
 exactly what the unsplit pull computed, in the same order, so a pipelined
 step is bit-identical to an inline one.
+
+The input thread also computes ahead (:func:`prepare_ahead`) what the step
+would compute later from the batch alone: each layer's one-key bags (for
+its pooling) and each table's show and click (for its push). The step uses
+them as they are, since they are the same arrays; show and click only if
+the batch's click labels and weights are still the values they were
+counted from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +39,7 @@ from tnrec.layers import EmbeddingFeatures
 from tnrec.layers.embedding import BagLayout, bag_layout
 from tnrec.ps import ParameterServer, ShardedPS, unique_inverse
 from tnrec.ps.sharded import Route
+from tnrec.ps.unique import show_click
 
 Router = Callable[[Mapping[str, npt.NDArray[np.int64]]], Route]
 
@@ -51,6 +60,27 @@ class TablePart:
 
 
 @dataclass
+class Counts:
+    """Show and click of a prepared batch's keys, and the values they were counted from.
+
+    ``by_arrays`` holds the ``(show[U], click[U])`` of
+    :func:`~tnrec.ps.unique.show_click` for each distinct pair of a table's
+    ``inverse`` and ``rows`` arrays, keyed by the two arrays' ``id``
+    same columns share the arrays, and so the counts).
+    """
+
+    label: npt.NDArray[np.float64]  # [B] the click label of every row
+    weights: npt.NDArray[np.float32]  # [B] every row's weight (a copy)
+    by_arrays: dict[tuple[int, int], tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]
+
+    def counted_from(
+        self, label: npt.NDArray[np.float64], weights: npt.NDArray[np.float32]
+    ) -> bool:
+        """Whether these counts were taken from this ``label`` and these ``weights``."""
+        return np.array_equal(self.label, label) and np.array_equal(self.weights, weights)
+
+
+@dataclass
 class PreparedBatch:
     """What :func:`prepare_batch` computed for one batch, handed to :meth:`tnrec.Model.pull`.
 
@@ -64,6 +94,12 @@ class PreparedBatch:
         error: the exception preparing raised in the pipeline's
             thread; :meth:`tnrec.Model.pull` raises it, at the step it belongs
             to, with its message.
+        shared: the layers' cache of what they compute from the batch alone
+            (the ``shared`` of :meth:`~tnrec.layers.EmbeddingFeatures.prepare`),
+            filled ahead by :func:`prepare_ahead`; the step's pull hands it to
+            the layers.
+        counts: each table's show and click, computed ahead by
+            :func:`prepare_ahead` (None: not computed).
 
     Example:
         >>> # prepared = prepare_batch(model._table_layers, batch)
@@ -74,6 +110,8 @@ class PreparedBatch:
     tables: dict[str, TablePart]
     route: Route | None = None
     error: BaseException | None = None
+    shared: dict[Any, Any] = field(default_factory=dict)
+    counts: Counts | None = None
 
     def keys(self) -> dict[str, npt.NDArray[np.int64]]:
         """Return each table's unique keys ``int64[U]``, by table name."""
@@ -176,6 +214,41 @@ def prepared_for_pull(
         part.keys = routed  # the very arrays routed: the pull and the push check identity
     prepared.route = route
     return prepared
+
+
+def prepare_ahead(
+    table_layers: Mapping[str, Sequence[EmbeddingFeatures]],
+    prepared: PreparedBatch,
+    label: npt.NDArray[np.float64],
+    weights: npt.NDArray[np.float32],
+    device: Any,
+) -> None:
+    """Compute ahead, into ``prepared``, what its step computes from the batch alone.
+
+    The layers' one-key bags (:meth:`~tnrec.layers.EmbeddingFeatures.prepare_ahead`,
+    for a model whose temporary matrices live on ``device``) go to
+    ``prepared.shared``, and the show and click of every table whose layers
+    are all trainable, from the batch's click ``label`` and ``weights``
+    (``[B]`` each), to ``prepared.counts``. Reads no table state.
+    """
+    batch = prepared.batch
+    if batch is None or prepared.error is not None:
+        return
+    by_arrays: dict[tuple[int, int], Any] = {}
+    for table, layers in table_layers.items():
+        part = prepared.tables[table]
+        U = part.keys.shape[0]
+        at = 0
+        for layer, lay in zip(layers, part.layouts, strict=True):
+            n = lay.keys.shape[0]
+            layer.prepare_ahead(
+                part.inverse[at : at + n], lay, batch.size, U, device, prepared.shared
+            )
+            at += n
+        same = (id(part.inverse), id(part.rows))
+        if all(layer.trainable for layer in layers) and same not in by_arrays:
+            by_arrays[same] = show_click(part.inverse, part.rows, weights, label, U)  # [U], [U]
+    prepared.counts = Counts(label, np.array(weights, np.float32), by_arrays)
 
 
 def empty_prepared(table_layers: Mapping[str, Sequence[EmbeddingFeatures]]) -> PreparedBatch:

@@ -65,6 +65,7 @@ class TrainingLoops:
         def predict_step(self, batch: Batch) -> dict[str, np.ndarray]: ...
         def _label(self, head: Head, batch: Batch) -> np.ndarray: ...
         def _require_compiled(self, verb: str) -> None: ...
+        def _prepare_ahead(self, prepared: PreparedBatch) -> None: ...
 
     def _reset_metrics(self) -> None:
         self._loss_state = np.zeros(2, np.float64)
@@ -434,7 +435,9 @@ class TrainingLoops:
         pipe = None
         if pipeline:  # W > 1: the keys are routed ahead too, on a process group of their own
             route = make_router(self.ps)
-            pipe = InputPipeline(part, self._table_layers, route, self.input_seconds)
+            pipe = InputPipeline(
+                part, self._table_layers, route, self.input_seconds, self._prepare_ahead
+            )
         view = self.fit_data if isinstance(self.fit_data, PipelinedData) else None
         if view is not None:
             view.pipeline = pipe

@@ -366,7 +366,7 @@ class EmbeddingFeatures(torch.nn.Module):
         bag_offsets = layout.offsets  # [C*B + 1]
         if not self.sequence_columns:  # every column pooled: the layout is the bags
             one_key = None
-            if self.output == "concat" and numba_pools(E):
+            if self._one_key_pools(E.device):
                 one_key = self._one_key(vids, bag_offsets, B, E.shape[0], shared)
             scales = None
             if one_key is None:
@@ -407,6 +407,29 @@ class EmbeddingFeatures(torch.nn.Module):
             sequences=sequences,
             batch_size=B,
         )
+
+    def _one_key_pools(self, device: torch.device) -> bool:
+        """Whether the layer may pool by the one-key kernels (when its bags allow)."""
+        return not self.sequence_columns and self.output == "concat" and numba_pools(device)
+
+    def prepare_ahead(
+        self,
+        vids: npt.NDArray[np.int64],
+        layout: BagLayout,
+        batch_size: int,
+        num_rows: int,
+        device: torch.device,
+        shared: dict[Any, Any],
+    ) -> None:
+        """Compute into ``shared`` what :meth:`prepare` computes from the batch alone.
+
+        ``fit``'s input thread calls it for the next step's batch (the same
+        ``vids`` and ``layout`` arrays the step's :meth:`prepare` gets, and
+        ``num_rows`` unique keys), so the step finds the one-key bags
+        (:func:`~tnrec.layers.pooling.one_key_bags`) done.
+        """
+        if self._one_key_pools(device):
+            self._one_key(vids, layout.offsets, batch_size, num_rows, shared)
 
     @staticmethod
     def _one_key(

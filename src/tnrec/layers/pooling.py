@@ -389,9 +389,10 @@ class PoolOneKey(torch.autograd.Function):
         return grad_E, None, None, None
 
 
-def numba_pools(E: torch.Tensor, torch_ops: bool | None = None) -> bool:
-    """Whether :func:`pool` pools ``E`` with the numba kernels (else with :func:`pool_torch`)."""
-    return E.device.type == "cpu" and not (TORCH_ON_CPU if torch_ops is None else torch_ops)
+def numba_pools(device: torch.device, torch_ops: bool | None = None) -> bool:
+    """Whether :func:`pool` pools a temporary matrix on ``device`` with the numba kernels
+    (else with :func:`pool_torch`)."""
+    return device.type == "cpu" and not (TORCH_ON_CPU if torch_ops is None else torch_ops)
 
 
 def pool(
@@ -425,7 +426,7 @@ def pool(
             f"pool: {offsets.shape[0] - 1} bags are not "
             f"concat_columns={concat_columns} x batch_size={batch_size}."
         )
-    if not numba_pools(E, torch_ops):
+    if not numba_pools(E.device, torch_ops):
         if scales is None:
             raise ArgumentError("pool: the torch ops need the bags' scales; got None.")
         return pool_torch(E, vids, offsets, scales, batch_size, concat_columns)

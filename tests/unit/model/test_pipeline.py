@@ -143,6 +143,72 @@ def test_the_steps_use_the_batches_the_input_thread_prepared(day, monkeypatch):
         assert model.input_seconds["wait"] >= 0 and model.fit_pipelined is pipeline
 
 
+def _spy_threads(monkeypatch, where, target):
+    """Record the thread of every call of ``target`` ("module.function"), then call it."""
+    module, name = target.rsplit(".", 1)
+    real = getattr(__import__(module, fromlist=[name]), name)
+
+    def spy(*args, **kwargs):
+        where.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, spy)
+
+
+def test_show_click_and_one_key_bags_are_computed_ahead_in_the_input_thread(day, monkeypatch):
+    """With the pipeline the step's push and pooling find them done; without, the step does them."""
+    counted, bagged = [], []
+    for target in ("tnrec.prepare.show_click", "tnrec.model.show_click"):
+        _spy_threads(monkeypatch, counted, target)
+    _spy_threads(monkeypatch, bagged, "tnrec.layers.embedding.one_key_bags")
+    for pipeline, want in ((False, {"MainThread"}), (True, {"tnrec-input"})):
+        counted.clear()
+        bagged.clear()
+        cc.build().fit(cc.reader(day), verbose=0, pipeline=pipeline)
+        # 13 steps: emb and wide share their columns' arrays (one count), and their bags
+        assert len(counted) == 13 and set(counted) == want
+        assert len(bagged) == 13 and set(bagged) == want
+
+
+class RelabelNet(cc.Net):
+    """Flips the batch's labels in place at the start of every step."""
+
+    def train_step(self, batch):
+        batch.labels[:] = 1.0 - batch.labels
+        return super().train_step(batch)
+
+
+def test_a_step_that_changes_its_labels_in_place_counts_show_and_click_again(day):
+    """The counts taken ahead are from the old values: the push counts again, same bits."""
+    out = []
+    for pipeline in (False, True):
+        torch.manual_seed(0)
+        model, rec = RelabelNet(), Record()
+        model.compile(tn.optimizer.Adam(learning_rate=0.01), loss="binary_crossentropy_from_logits")
+        model.fit(cc.reader(day), callbacks=[rec], verbose=0, pipeline=pipeline)
+        out.append((model, rec))
+    assert_bit_identical(*out)
+    assert out[1][0].tables["emb"].rows()["click"].sum() > 0
+
+
+def test_an_error_computing_ahead_leaves_the_step_to_compute_it(day, monkeypatch):
+    """Whatever fails ahead in the input thread is computed, and would raise, in the step."""
+    where = []
+    real = prepare.show_click
+
+    def failing(*args, **kwargs):
+        where.append(threading.current_thread().name)
+        if threading.current_thread().name == "tnrec-input":
+            raise RuntimeError("ahead failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("tnrec.prepare.show_click", failing)
+    monkeypatch.setattr("tnrec.model.show_click", failing)
+    a, b = fit_both(lambda: cc.reader(day))
+    assert_bit_identical(a, b)
+    assert where.count("tnrec-input") == 13 and where.count("MainThread") == 26
+
+
 def test_a_bad_row_raises_in_the_main_thread_at_its_step_with_its_message(tmp_path, day):
     lines = ["user,item,tags,d0,label"] + [f"{i},{i % 7},{i % 3},0.5,{i % 2}" for i in range(40)]
     lines[35] = "x,1,1,0.5,0"
