@@ -7,6 +7,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tnrec._hashing import mix64_scalar
+from tnrec.table._llvm import _prefetch_w
+
+#: How many keys ahead :func:`_unique_inverse` hashes a key and prefetches its slot.
+PREFETCH_AHEAD = 16
 
 
 @nb.njit(nogil=True, cache=True)
@@ -18,13 +22,27 @@ def _unique_inverse(
     ``ids`` (zeros, a power of two > the key count) is the hash set: a slot
     holds ``u + 1`` for unique key ``u``, 0 when empty, and the key itself is
     read back from ``uniq``. A slot is 4 bytes and the unique keys are few
-    and compact, so the probes stay in cache.
+    and compact, so the probes stay in cache. Key ``i + PREFETCH_AHEAD`` is
+    hashed, and its home slot prefetched, while key ``i`` is probed (a ring
+    of 64 homes), so the probes do not wait on the cache one after another.
     """
     mask = np.uint64(ids.shape[0] - 1)
+    n = keys.shape[0]
+    homes = np.empty(64, np.uint64)
+    base, size = ids.ctypes.data, ids.itemsize
+    for i in range(min(PREFETCH_AHEAD, n)):
+        h = mix64_scalar(np.uint64(keys[i])) & mask
+        homes[i] = h
+        _prefetch_w(base + size * np.int64(h))
     u = 0
-    for i in range(keys.shape[0]):
+    for i in range(n):
+        j = i + PREFETCH_AHEAD
+        if j < n:
+            h = mix64_scalar(np.uint64(keys[j])) & mask
+            homes[j & 63] = h
+            _prefetch_w(base + size * np.int64(h))
         k = keys[i]
-        s = mix64_scalar(np.uint64(k)) & mask
+        s = homes[i & 63]
         while True:
             v = ids[s]
             if v == 0:

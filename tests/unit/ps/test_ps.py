@@ -55,6 +55,15 @@ def test_unique_inverse_of_a_big_batch_matches_numpy():
     assert uniq.shape[0] == vals.shape[0]
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 63, 64, 65, 130])
+def test_unique_inverse_around_its_prefetch_distance_and_ring(n):
+    """Key i + 16 is hashed ahead into a ring of 64 homes: every length near those edges."""
+    keys = np.random.default_rng(n).integers(0, max(n // 3, 1), n) * 7919  # repeats, runs
+    uniq, inverse = unique_inverse(keys)
+    np.testing.assert_array_equal(uniq[inverse], keys)
+    assert uniq.tolist() == list(dict.fromkeys(keys.tolist()))
+
+
 def test_local_ps_refuses_non_finite_gradients_before_any_table_changes():
     a, b = SparseTable(2, SGD(), name="a"), SparseTable(2, SGD(), name="b")
     ps = LocalPS({"a": a, "b": b})
