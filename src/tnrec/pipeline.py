@@ -12,11 +12,11 @@ prepares it (:func:`tnrec.prepare.prepare_batch`: bag layouts and
 de-duplication; :func:`tnrec.prepare.prepare_ahead`: the layers' one-key
 bags, the keys' show and click; no table state) only once the consumer
 asked for it, which ``fit`` does when step ``i`` starts, after that step's
-"is there more data" all-reduce. So the thread never reads a batch the unpipelined loop would not
-have read (``steps_per_epoch`` is honoured exactly), and it never runs more
-than one batch ahead. Everything that reads table state -- the row pull --
-stays in the step, after step ``i``'s push: results are bit-identical to the
-unpipelined loop.
+"is there more data" all-reduce. So the thread never reads a batch the
+unpipelined loop would not have read (``steps_per_epoch`` is honoured
+exactly), and it never runs more than one batch ahead. Everything that
+reads table state -- the row pull -- stays in the step, after step ``i``'s
+push: results are bit-identical to the unpipelined loop.
 
 On W > 1 workers the thread also routes the prepared keys to their owners
 (:meth:`tnrec.ps.ShardedPS.route`: the all_to_all of key counts and of keys,

@@ -65,8 +65,8 @@ class Counts:
 
     ``by_arrays`` holds the ``(show[U], click[U])`` of
     :func:`~tnrec.ps.unique.show_click` for each distinct pair of a table's
-    ``inverse`` and ``rows`` arrays, keyed by the two arrays' ``id``
-    same columns share the arrays, and so the counts).
+    ``inverse`` and ``rows`` arrays, keyed by the two arrays' ``id`` (tables
+    over the same columns share the arrays, and so the counts).
     """
 
     label: npt.NDArray[np.float64]  # [B] the click label of every row
