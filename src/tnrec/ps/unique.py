@@ -11,6 +11,7 @@ from tnrec.table._llvm import _prefetch_w
 
 #: How many keys ahead :func:`_unique_inverse` hashes a key and prefetches its slot.
 PREFETCH_AHEAD = 16
+_RING = 64  # the homes hashed ahead and not yet probed: a power of two > PREFETCH_AHEAD
 
 
 @nb.njit(nogil=True, cache=True)
@@ -24,11 +25,12 @@ def _unique_inverse(
     read back from ``uniq``. A slot is 4 bytes and the unique keys are few
     and compact, so the probes stay in cache. Key ``i + PREFETCH_AHEAD`` is
     hashed, and its home slot prefetched, while key ``i`` is probed (a ring
-    of 64 homes), so the probes do not wait on the cache one after another.
+    of ``_RING`` homes), so the probes do not wait on the cache one after another.
     """
     mask = np.uint64(ids.shape[0] - 1)
     n = keys.shape[0]
-    homes = np.empty(64, np.uint64)
+    homes = np.empty(_RING, np.uint64)
+    last = _RING - 1
     base, size = ids.ctypes.data, ids.itemsize
     for i in range(min(PREFETCH_AHEAD, n)):
         h = mix64_scalar(np.uint64(keys[i])) & mask
@@ -39,10 +41,10 @@ def _unique_inverse(
         j = i + PREFETCH_AHEAD
         if j < n:
             h = mix64_scalar(np.uint64(keys[j])) & mask
-            homes[j & 63] = h
+            homes[j & last] = h
             _prefetch_w(base + size * np.int64(h))
         k = keys[i]
-        s = homes[i & 63]
+        s = homes[i & last]
         while True:
             v = ids[s]
             if v == 0:

@@ -14,6 +14,12 @@ from tnrec.table import SGD, SparseTable, bucket_of, threads
 KEYS = np.array([0, 1, -1, INT64_MIN, INT64_MAX], dtype=np.int64)  # buckets 431 193 32 987 679
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _unique_kernel_compiled():
+    """Compile (or load) unique_inverse's kernel before hypothesis times its first example."""
+    unique_inverse(np.arange(3, dtype=np.int64))
+
+
 @pytest.mark.parametrize(
     ("world", "owners"),
     [
