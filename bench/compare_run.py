@@ -145,13 +145,15 @@ def alternating_fit(
 ) -> dict[str, float]:
     """Like :func:`alternating`, with tnrec's steps taken by ``model.fit(pipeline=pipeline)``.
 
-    A callback times each step from ``on_train_batch_begin`` to
+    A callback times each tnrec step from ``on_train_batch_begin`` to
     ``on_train_batch_end`` (the wait for the pipeline's prepared batch and the
-    whole ``train_step``) and runs the dense-only step beside it, before the
-    step on even steps and after it on odd ones. With ``pipeline=True`` the
-    input thread prepares the next batch while the tnrec step runs (it is
-    asked for it when the step starts), so its work competes with that step,
-    not with the dense one; with ``False`` each step prepares its own batch.
+    whole ``train_step``) and, before taking the time, waits until the input
+    thread has prepared the next batch (``model.input_pipeline.wait_answered``):
+    that work is the step's, and in ``fit`` the next step would wait for it.
+    Then it runs the dense-only step, so the input thread is idle while that
+    runs (``fit`` asks for the next batch before ``on_train_batch_begin``: a
+    dense step there would share the cores with the input thread). With
+    ``False`` each step prepares its own batch.
     """
     import tnrec as tn
 
@@ -161,20 +163,17 @@ def alternating_fit(
         def __init__(self) -> None:
             self.t0 = 0.0
 
-        def _dense(self, step: int) -> None:
-            t0 = time.perf_counter()
-            dense.train_step(batches[step - 1])
-            times["dense"].append(time.perf_counter() - t0)
-
         def on_train_batch_begin(self, step: int, logs: Any = None) -> None:
-            if step % 2 == 0:
-                self._dense(step)
             self.t0 = time.perf_counter()
 
         def on_train_batch_end(self, step: int, logs: Any = None) -> None:
+            pipe = self.model.input_pipeline
+            if pipe is not None:
+                pipe.wait_answered()
             times["tnrec"].append(time.perf_counter() - self.t0)
-            if step % 2:
-                self._dense(step)
+            t0 = time.perf_counter()
+            dense.train_step(batches[step - 1])
+            times["dense"].append(time.perf_counter() - t0)
 
     model.fit(batches, callbacks=[Alternate()], verbose=0, pipeline=pipeline)
     return _medians(times)

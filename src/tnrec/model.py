@@ -28,6 +28,7 @@ from tnrec.losses import (
     label_range,
 )
 from tnrec.optimizer import dense_optimizer as make_dense_optimizer
+from tnrec.pipeline import InputPipeline
 from tnrec.prepare import Counts, PreparedBatch, prepare_ahead, prepared_for_pull, pull_rows
 from tnrec.ps import LocalPS, ParameterServer
 from tnrec.ps.unique import show_click
@@ -114,6 +115,7 @@ class Model(TrainingSteps, torch.nn.Module):
         self.fit_data: Any = (
             None  # the worker's data of the running fit (callbacks ask its position)
         )
+        self.input_pipeline: InputPipeline | None = None  # the running epoch's, set by fit
         self._loss_state = np.zeros(2, np.float64)  # [sum of w * loss, sum of w], this worker
         self._device: torch.device | None = None  # the dense parameters' (see `device`)
         self.precision = "fp32"  # the dense part's (compile(precision=...))

@@ -155,6 +155,10 @@ class InputPipeline:
         self._stop = threading.Event()
         self._read = 0  # batches the thread took from the iterator
         self._taken = 0  # batches the consumer took from the thread
+        self._asked_n = 0  # batches asked for (request)
+        self._answered_n = 0  # answers the thread handed over (batch, end of input or error)
+        self._ended = False  # the thread has returned
+        self._answers = threading.Condition()
         self._last: _Item | None = None
         self._thread = threading.Thread(target=self._run, name="tnrec-input", daemon=True)
         self._thread.start()
@@ -164,7 +168,24 @@ class InputPipeline:
 
     def request(self) -> None:
         """Ask the thread to read and prepare the next batch."""
+        with self._answers:
+            self._asked_n += 1
         self._asked.release()
+
+    def wait_answered(self, timeout: float | None = None) -> bool:
+        """Wait until the thread has answered every batch asked for (read, prepared and
+        routed it, or found the input exhausted or an error), without taking the answer.
+
+        A caller that times something beside the steps (a benchmark's own step, run
+        between two of ``fit``'s) calls it first, so the input thread's work is not
+        done while that runs. Returns whether everything asked for was answered (False:
+        ``timeout`` seconds passed, or the thread stopped first).
+        """
+        with self._answers:
+            self._answers.wait_for(
+                lambda: self._answered_n >= self._asked_n or self._ended, timeout
+            )
+            return self._answered_n >= self._asked_n
 
     def take(self) -> Batch | None:
         """Return the batch asked for last (None: the input is exhausted); wait if needed.
@@ -225,13 +246,23 @@ class InputPipeline:
     # ------------------------------------------------------------------ input thread
 
     def _run(self) -> None:
-        while self._wait_asked():
-            try:
-                item = self._next_item()
-            except BaseException as e:  # e.g. the data's position(): raised at the step
-                item = _Item(None, None, None, e)
-            if not self._put(item) or item.error is not None:
-                return
+        try:
+            while self._wait_asked():
+                try:
+                    item = self._next_item()
+                except BaseException as e:  # e.g. the data's position(): raised at the step
+                    item = _Item(None, None, None, e)
+                if not self._put(item):
+                    return
+                with self._answers:
+                    self._answered_n += 1
+                    self._answers.notify_all()
+                if item.error is not None:
+                    return
+        finally:
+            with self._answers:
+                self._ended = True
+                self._answers.notify_all()
 
     def _next_item(self) -> _Item:
         """Read the next batch and prepare it (an exhausted input answers empty items)."""

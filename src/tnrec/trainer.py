@@ -48,6 +48,8 @@ class TrainingLoops:
     global_step: int
     fit_data: Any
     fit_pipelined: bool  # set by fit: whether its input pipeline runs
+    # set by fit: the running epoch's InputPipeline (None between epochs and without one)
+    input_pipeline: InputPipeline | None
     # set by fit, live: seconds its input thread read, prepared and routed batches,
     # and the steps waited for them ("read", "prepare", "route", "wait")
     input_seconds: dict[str, float]
@@ -441,6 +443,7 @@ class TrainingLoops:
         view = self.fit_data if isinstance(self.fit_data, PipelinedData) else None
         if view is not None:
             view.pipeline = pipe
+        self.input_pipeline = pipe
         ps = self.ps
         batches = self._synced(part, steps_per_epoch, pipe, lockstep=not isinstance(ps, AsyncPS))
         if isinstance(ps, AsyncPS):
@@ -456,6 +459,7 @@ class TrainingLoops:
             return steps
         finally:
             self._prepared = None
+            self.input_pipeline = None
             if pipe is not None:
                 pipe.close()
             if view is not None:

@@ -301,6 +301,79 @@ def test_close_wakes_the_thread_instead_of_waiting_for_its_poll(day, monkeypatch
         assert data.position() == start
 
 
+class Gated:
+    """Batches of ``day`` handed out only while ``gate`` is set (the reader is read in full)."""
+
+    def __init__(self, day):
+        self.batches = list(cc.reader(day))
+        self.gate = threading.Event()
+
+    def __iter__(self):
+        for batch in self.batches:
+            assert self.gate.wait(10.0)
+            yield batch
+
+
+def test_wait_answered_waits_for_the_batch_asked_for_without_taking_it(day):
+    model = cc.build()
+    data = Gated(day)
+    data.gate.set()
+    pipe = InputPipeline(data, model._table_layers)
+    try:
+        assert pipe.wait_answered(10.0)
+        first = pipe.take()
+        assert first is data.batches[0]
+        assert pipe.wait_answered(0.0)  # nothing asked since: answered at once
+        data.gate.clear()
+        pipe.request()
+        assert not pipe.wait_answered(0.05)  # the thread waits in the data's iterator
+        data.gate.set()
+        assert pipe.wait_answered(10.0)
+        assert pipe._read == 2 and not pipe._items.empty()  # read and handed over, not taken
+        assert pipe.take() is data.batches[1]
+        assert pipe.pending() is not None and pipe.pending().batch is data.batches[1]
+    finally:
+        pipe.close()
+    assert pipe.wait_answered(0.0)  # the two batches asked for were answered and taken
+    assert input_threads() == []
+
+
+def test_wait_answered_returns_when_the_thread_stops_first(day):
+    model = cc.build()
+    data = Gated(day)
+    pipe = InputPipeline(data, model._table_layers)  # the thread waits for the gate
+    assert not pipe.wait_answered(0.05)
+    threading.Timer(0.1, data.gate.set).start()  # the read returns while close() waits
+    pipe.close()  # the thread finds the pipeline stopped and ends without answering
+    assert input_threads() == []
+    t0 = time.monotonic()
+    assert pipe.wait_answered(10.0) is False
+    assert time.monotonic() - t0 < 5.0
+
+
+class Answered(Callback):
+    """At each step: the model's running pipeline and whether it answered the next batch."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, step, logs=None):
+        pipe = self.model.input_pipeline
+        self.seen.append(None if pipe is None else (type(pipe), pipe.wait_answered(10.0)))
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_fit_exposes_the_running_epochs_pipeline(day, pipeline):
+    model = cc.build()
+    assert model.input_pipeline is None
+    cb = Answered()
+    model.fit(cc.reader(day), callbacks=[cb], verbose=0, pipeline=pipeline, epochs=2)
+    assert len(cb.seen) == 26
+    want = (InputPipeline, True) if pipeline else None
+    assert cb.seen == [want] * 26
+    assert model.input_pipeline is None
+
+
 def test_pipeline_must_be_a_bool_or_none(day):
     with pytest.raises(
         ArgumentError, match=r"`pipeline` must be True, False or None .*Received: pipeline=1"
