@@ -64,10 +64,11 @@ def pipeline_by_default(
 ) -> bool:
     """Whether ``fit(pipeline=None)`` runs the input pipeline: on one synchronous worker
     whose trainable dense parameters ``params`` hold at least :data:`PIPELINE_MIN_DENSE`
-    values, however many threads torch uses. With torch on every core, the input thread
-    shares a core with them, and that still paid a little: DeepFM's step through ``fit``
-    at 2 threads on 2 cores took 1.18-1.26 times the dense-only step with the pipeline
-    and 1.19-1.30 without, 0.01-0.06 less with it in each of four runs
+    values, however many threads torch uses. It hides the making of batches that are
+    made as they are read (DeepFM's steps 1.08-1.10x as fast over 30 steps at 1 torch
+    thread in ``bench/dist_bench.py``); over batches already in memory, DeepFM's step through
+    ``fit`` took as long with it as without, at 1 and at 2 threads on 2 cores: its
+    preparation costs the step about as much in the thread as in the step
     (docs/performance.md).
 
     Never on W > 1 workers, where every worker must pass ``fit`` the same value and the
