@@ -28,6 +28,7 @@ Usage::
     python bench/table_bench.py --dims 8 --keys 100m                     # dim <= 16 only
     python bench/table_bench.py --optimizers adagrad --rounds 3          # ratios: median of 3
     python bench/table_bench.py --dims 16 --keys 10m --hugepages off     # 4 KiB pages only
+    python bench/table_bench.py --dims 16 --keys 10m --backed-memory 2000  # see below
 
 Defaults: dims 8, 16, 64 at 1M keys, plus dim 8 at 10M keys. torch runs with
 its default thread count and tnrec's table kernels with theirs
@@ -36,6 +37,16 @@ are printed under the tables. Each measurement records the machine's state
 (``machine_state.py``): the tables print the cores other processes kept busy
 during it (median over the rounds) and mark a case with ``*`` when one of its
 runs was taken on a busy machine; ``--strict`` refuses those figures instead.
+
+A fill's time includes the kernel's and the host's for the new memory it
+writes. Before the run the header prints what writing 64 MiB of new memory
+costs on 4 KiB pages and on transparent huge pages. On a VM whose kernel
+hands free blocks of 2 MiB and more back to its host (free page reporting)
+the huge pages' figure can be ten or more times the small pages'.
+``--backed-memory MIB`` makes each tnrec process write and free that many
+MiB just before its fill, so the table's memory is memory the host backs
+again, as on a host without such reporting: the fill then measures tnrec
+and the guest kernel (its peak RSS includes those MiB).
 This file is never collected by pytest.
 """
 
@@ -56,7 +67,15 @@ from typing import Any
 
 import numpy as np
 
-from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, cpu_line, mark
+from machine_state import (
+    MachineState,
+    MachineWatch,
+    add_strict_flag,
+    check_runs,
+    cpu_line,
+    mark,
+    new_memory_ms_per_mib,
+)
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 MAX_DIM_100M = 16
@@ -180,6 +199,8 @@ def worker_tnrec(spec: dict[str, Any]) -> dict[str, Any]:
     warm.stats()
     del warm, wk, wz, ws
 
+    if spec.get("backed_memory_mib"):
+        np.ones(spec["backed_memory_mib"] << 20, np.uint8)  # written, then freed at once
     before = rss_bytes()
     table = SparseTable(dim, make(), name="bench")
     fill_s = 0.0
@@ -569,6 +590,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "or more, the table's row chunks and index among them (default: numpy's own choice, "
         "on where the kernel allows it)",
     )
+    p.add_argument(
+        "--backed-memory",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="write and free this many MiB in each tnrec process just before its fill, "
+        "so the fill's memory is memory the host backs (default 0: none)",
+    )
     add_strict_flag(p)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -587,6 +616,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batch, args.batches, args.repeats = 2_000, 2, 1
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1. Received: {args.rounds}")
+    if args.backed_memory < 0:
+        p.error(f"--backed-memory must be >= 0 (MiB). Received: {args.backed_memory}")
     return args
 
 
@@ -610,6 +641,12 @@ def main(argv: list[str] | None = None) -> int:
         f"python {info['python']}, numpy {info['numpy']}, numba {info['numba']}, "
         f"torch {info['torch']}, tnrec {info['tnrec']}; "
         f"load average {info['load_avg_1m']:.1f} before the run"
+    )
+    print(
+        "new memory, 64 MiB written once: "
+        f"{new_memory_ms_per_mib(64):.2f} ms/MiB on 4 KiB pages, "
+        f"{new_memory_ms_per_mib(64, huge=True):.2f} on transparent huge pages "
+        "(machine_state.new_memory_ms_per_mib)"
     )
     print(
         f"batches: {args.batches} x {human(args.batch)} unique keys, Zipf({args.zipf}), "
@@ -636,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
                     "repeats": args.repeats,
                     "batches_file": batch_files[k],
                     "hugepages": args.hugepages,
+                    "backed_memory_mib": args.backed_memory,
                 }
                 specs = [{**base, "kind": "tnrec", "optimizer": o} for o in args.optimizers]
                 if not args.no_torch:
@@ -662,6 +700,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(results))
     print(f"\nnumpy's transparent huge pages: {args.hugepages} ({_thp_mode()})")
+    if args.backed_memory:
+        print(
+            f"backed memory: each tnrec process wrote and freed {args.backed_memory} MiB "
+            "just before its fill (its peak RSS includes them)"
+        )
     print(
         f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; over the whole run "
         f"{whole.state.summary()} (load average before/after)"
