@@ -257,7 +257,7 @@ def check_runs(runs: Iterable[tuple[str, MachineState | None]], strict: bool) ->
     return [head, *lines]
 
 
-def new_memory_ms_per_mib(mib: int = 64, huge: bool = False) -> float:
+def new_memory_ms_per_mib(mib: int = 64) -> float:
     """Milliseconds per MiB to write memory this process maps now (one byte a page).
 
     The kernel backs anonymous memory on first touch (zeroing each 4 KiB
@@ -270,12 +270,6 @@ def new_memory_ms_per_mib(mib: int = 64, huge: bool = False) -> float:
     for the rest, so it says little about a fill of a gigabyte, whose kernel
     time ``table_bench.py`` reports itself ("fill sys ns/key").
 
-    ``huge=True`` asks for transparent huge pages (``madvise(MADV_HUGEPAGE)``,
-    as numpy does for arrays of 4 MiB or more). A VM whose kernel reports free
-    blocks of 2 MiB and more to its host (free page reporting) can charge
-    much more for those than for small pages taken from smaller free blocks;
-    ``table_bench.py`` prints both figures next to its fills.
-
     Example:
         >>> new_memory_ms_per_mib(1) > 0
         True
@@ -287,8 +281,6 @@ def new_memory_ms_per_mib(mib: int = 64, huge: bool = False) -> float:
     size = mib << 20
     m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
-        if huge and hasattr(mmap, "MADV_HUGEPAGE"):
-            m.madvise(mmap.MADV_HUGEPAGE)
         pages = np.frombuffer(m, np.uint8)
         t0 = time.perf_counter()
         pages[:: mmap.PAGESIZE] = 1

@@ -39,14 +39,16 @@ during it (median over the rounds) and mark a case with ``*`` when one of its
 runs was taken on a busy machine; ``--strict`` refuses those figures instead.
 
 A fill's time includes the kernel's and the host's for the new memory it
-writes. Before the run the header prints what writing 64 MiB of new memory
-costs on 4 KiB pages and on transparent huge pages. On a VM whose kernel
-hands free blocks of 2 MiB and more back to its host (free page reporting)
-the huge pages' figure can be ten or more times the small pages'.
+writes ("fill sys ns/key"). A VM whose kernel hands free blocks of 2 MiB and
+more back to its host a few seconds after they are freed (free page
+reporting) makes the host back such a block again when it is next written,
+and transparent huge pages are carved from exactly such blocks: on the VMs
+of docs/performance.md that made a 10M-key fill several times slower.
 ``--backed-memory MIB`` makes each tnrec process write and free that many
-MiB just before its fill, so the table's memory is memory the host backs
-again, as on a host without such reporting: the fill then measures tnrec
-and the guest kernel (its peak RSS includes those MiB).
+MiB just before its fill, so the table's first memory is memory the host
+backs, as on a host without such reporting: the fill then measures tnrec
+and the guest kernel (its peak RSS includes those MiB). A fill that outlasts
+the VM's reporting delay still writes some reported memory.
 This file is never collected by pytest.
 """
 
@@ -67,15 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from machine_state import (
-    MachineState,
-    MachineWatch,
-    add_strict_flag,
-    check_runs,
-    cpu_line,
-    mark,
-    new_memory_ms_per_mib,
-)
+from machine_state import MachineState, MachineWatch, add_strict_flag, check_runs, cpu_line, mark
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 MAX_DIM_100M = 16
@@ -641,12 +635,6 @@ def main(argv: list[str] | None = None) -> int:
         f"python {info['python']}, numpy {info['numpy']}, numba {info['numba']}, "
         f"torch {info['torch']}, tnrec {info['tnrec']}; "
         f"load average {info['load_avg_1m']:.1f} before the run"
-    )
-    print(
-        "new memory, 64 MiB written once: "
-        f"{new_memory_ms_per_mib(64):.2f} ms/MiB on 4 KiB pages, "
-        f"{new_memory_ms_per_mib(64, huge=True):.2f} on transparent huge pages "
-        "(machine_state.new_memory_ms_per_mib)"
     )
     print(
         f"batches: {args.batches} x {human(args.batch)} unique keys, Zipf({args.zipf}), "

@@ -23,9 +23,6 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_quick_run_with_backed_memory_fills_the_table_and_says_so():
     out = _run("--quick", "--no-torch", "--optimizers", "adagrad", "--backed-memory", "8")
     assert out.returncode == 0, out.stderr
-    header = next(line for line in out.stdout.splitlines() if line.startswith("new memory"))
-    small, huge = (float(x.split()[0]) for x in header.split(": ")[1].split(", ")[:2])
-    assert small > 0 and huge > 0
     row = next(line for line in out.stdout.splitlines() if line.startswith("8 "))
     assert row.split()[:3] == ["8", "20k", "adagrad"] and float(row.split()[3]) > 0
     assert "wrote and freed 8 MiB just before its fill" in out.stdout
