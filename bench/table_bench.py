@@ -45,7 +45,7 @@ reporting) makes the host back such a block again when it is next written,
 and transparent huge pages are carved from exactly such blocks: on the VMs
 of docs/performance.md that made a 10M-key fill several times slower.
 ``--backed-memory MIB`` makes each tnrec process write and free that many
-MiB just before its fill, so the table's first memory is memory the host
+MiB just before its fill, so the table's memory is memory the host
 backs, as on a host without such reporting: the fill then measures tnrec
 and the guest kernel (its peak RSS includes those MiB). A fill that outlasts
 the VM's reporting delay still writes some reported memory.

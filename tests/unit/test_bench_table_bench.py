@@ -20,12 +20,20 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_quick_run_with_backed_memory_fills_the_table_and_says_so():
-    out = _run("--quick", "--no-torch", "--optimizers", "adagrad", "--backed-memory", "8")
+def _tnrec_row(stdout: str) -> list[str]:
+    return next(line for line in stdout.splitlines() if line.startswith("8 ")).split()
+
+
+def test_quick_run_with_backed_memory_writes_it_before_the_fill_and_says_so():
+    out = _run("--quick", "--no-torch", "--optimizers", "adagrad", "--backed-memory", "256")
     assert out.returncode == 0, out.stderr
-    row = next(line for line in out.stdout.splitlines() if line.startswith("8 "))
-    assert row.split()[:3] == ["8", "20k", "adagrad"] and float(row.split()[3]) > 0
-    assert "wrote and freed 8 MiB just before its fill" in out.stdout
+    row = _tnrec_row(out.stdout)
+    assert row[:3] == ["8", "20k", "adagrad"] and float(row[3]) > 0  # filled, Mkeys/s
+    rss_before_mib, peak_mib = float(row[11]), float(row[12])
+    assert peak_mib - rss_before_mib >= 256  # the 256 MiB were written (and freed before)
+    assert "wrote and freed 256 MiB just before its fill" in out.stdout
+    plain = _tnrec_row(_run("--quick", "--no-torch", "--optimizers", "adagrad").stdout)
+    assert float(plain[12]) - float(plain[11]) < 256
 
 
 def test_negative_backed_memory_is_refused_by_name():
