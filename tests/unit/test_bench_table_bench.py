@@ -30,10 +30,12 @@ def test_quick_run_with_backed_memory_writes_it_before_the_fill_and_says_so():
     row = _tnrec_row(out.stdout)
     assert row[:3] == ["8", "20k", "adagrad"] and float(row[3]) > 0  # filled, Mkeys/s
     rss_before_mib, peak_mib = float(row[11]), float(row[12])
-    assert peak_mib - rss_before_mib >= 256  # the 256 MiB were written (and freed before)
+    # the 256 MiB were written (and freed before the table); RSS before is taken after
+    # the write, and may hold a few MiB the process gained meanwhile
+    assert peak_mib - rss_before_mib >= 256 - 32
     assert "wrote and freed 256 MiB just before its fill" in out.stdout
     plain = _tnrec_row(_run("--quick", "--no-torch", "--optimizers", "adagrad").stdout)
-    assert float(plain[12]) - float(plain[11]) < 256
+    assert float(plain[12]) - float(plain[11]) < 128
 
 
 def test_negative_backed_memory_is_refused_by_name():
