@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "table_bench.py"
 
@@ -20,22 +22,25 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _tnrec_row(stdout: str) -> list[str]:
-    return next(line for line in stdout.splitlines() if line.startswith("8 ")).split()
+def _quick(out: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """Run a quick AdaGrad-only measurement; return its stdout and its one result."""
+    done = _run("--quick", "--no-torch", "--optimizers", "adagrad", "--out", str(out), *args)
+    assert done.returncode == 0, done.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    return done.stdout, result
 
 
-def test_quick_run_with_backed_memory_writes_it_before_the_fill_and_says_so():
-    out = _run("--quick", "--no-torch", "--optimizers", "adagrad", "--backed-memory", "256")
-    assert out.returncode == 0, out.stderr
-    row = _tnrec_row(out.stdout)
-    assert row[:3] == ["8", "20k", "adagrad"] and float(row[3]) > 0  # filled, Mkeys/s
-    rss_before_mib, peak_mib = float(row[11]), float(row[12])
+def test_quick_run_with_backed_memory_writes_it_before_the_fill_and_says_so(tmp_path):
+    stdout, res = _quick(tmp_path / "backed.json", "--backed-memory", "256")
+    assert (res["dim"], res["keys"], res["backed_memory_mib"]) == (8, 20_000, 256)
+    assert res["fill_mkeys_s"] > 0
     # the 256 MiB were written (and freed before the table); RSS before is taken after
     # the write, and may hold a few MiB the process gained meanwhile
-    assert peak_mib - rss_before_mib >= 256 - 32
-    assert "wrote and freed 256 MiB just before its fill" in out.stdout
-    plain = _tnrec_row(_run("--quick", "--no-torch", "--optimizers", "adagrad").stdout)
-    assert float(plain[12]) - float(plain[11]) < 128
+    assert res["peak_rss_bytes"] - res["rss_before_bytes"] >= (256 - 32) << 20
+    assert "wrote and freed 256 MiB just before its fill" in stdout
+    _, plain = _quick(tmp_path / "plain.json")
+    assert plain["backed_memory_mib"] == 0
+    assert plain["peak_rss_bytes"] - plain["rss_before_bytes"] < 128 << 20
 
 
 def test_negative_backed_memory_is_refused_by_name():
