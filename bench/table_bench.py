@@ -48,7 +48,7 @@ of docs/performance.md that made a 10M-key fill several times slower.
 MiB just before its fill, so the table's memory is memory the host
 backs, as on a host without such reporting: the fill then measures tnrec
 and the guest kernel (its peak RSS includes those MiB). A fill that outlasts
-the VM's reporting delay still writes some reported memory.
+the VM's reporting delay may find some of that memory handed back again.
 This file is never collected by pytest.
 """
 
