@@ -12,6 +12,7 @@ import numpy.typing as npt
 import torch
 
 from tnrec import metrics as metrics_lib
+from tnrec._state import set_state
 from tnrec.data import Batch
 from tnrec.distribute import current_strategy
 from tnrec.errors import ArgumentError
@@ -350,7 +351,8 @@ class Model(TrainingSteps, torch.nn.Module):
         """
         create = self.training
         ps = self.ps  # builds the tables (and the layers by table) on the first pull
-        pending, self._prepared = self._prepared, None  # what fit's pipeline made for the step
+        pending = self._prepared  # what fit's pipeline made for the step
+        set_state(self, _prepared=None)
         prepared = prepared_for_pull(self._table_layers, batch, pending)
         stats = [t for t, layers in self._table_layers.items() if layers[0].cvm]
         pulled = pull_rows(ps, prepared, create, stats)
@@ -378,9 +380,7 @@ class Model(TrainingSteps, torch.nn.Module):
                 layer.prepare(batch, E, inverse[at : at + n], lay, cvm, shared)
                 at += n
             step[table] = TemporaryMatrix(part.keys, inverse, part.rows, E, trained)
-        self._step = step
-        self._batch = batch
-        self._counts = prepared.counts
+        set_state(self, _step=step, _batch=batch, _counts=prepared.counts)
         return step
 
     def _prepare_ahead(self, prepared: PreparedBatch) -> None:
@@ -460,7 +460,7 @@ class Model(TrainingSteps, torch.nn.Module):
         called directly counts them here (one small all-reduce).
         """
         counted = self._missing_grads
-        self._missing_grads = None
+        set_state(self, _missing_grads=None)
         if counted is not None:
             return counted
         missing = [tm.E.requires_grad and tm.E.grad is None for tm in step.values()]
@@ -470,10 +470,7 @@ class Model(TrainingSteps, torch.nn.Module):
         for layers in self._table_layers.values():
             for layer in layers:
                 layer.release()
-        self._step = None
-        self._missing_grads = None
-        self._batch = None
-        self._counts = None
+        set_state(self, _step=None, _missing_grads=None, _batch=None, _counts=None)
 
     def _click_label_values(self, batch: Batch) -> npt.NDArray[np.float64]:
         name = self.click_label or (self._heads[0].label if self._heads else None)

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import torch
 
 from tnrec import metrics as metrics_lib
+from tnrec._state import set_state
 from tnrec.callbacks import Callback, History, ProgressBar
 from tnrec.data import Batch, Reader
 from tnrec.data.balance import BalancedReader
@@ -480,10 +481,9 @@ class TrainingLoops:
             for cb in cbs:
                 cb.on_train_batch_begin(step)
             # the batch's layouts and de-duplication, made by the pipeline's thread
-            self._prepared = pipe.pending() if pipe is not None else None
+            set_state(self, _prepared=pipe.pending() if pipe is not None else None)
             logs = self.train_step(batch)
-            self._prepared = None
-            self.global_step += 1
+            set_state(self, _prepared=None, global_step=self.global_step + 1)
             steps = step
             rows += batch.size
             report = None

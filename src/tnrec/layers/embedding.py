@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from tnrec._state import set_state
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import EmbeddingColumn, SequenceCategoryColumn
 from tnrec.layers.device import to_device
@@ -381,7 +382,7 @@ class EmbeddingFeatures(torch.nn.Module):
                             for c, col in enumerate(self.columns)
                         ]
                     )
-            self._step = LayerStep(batch, E, vids, bag_offsets, scales, {}, B, one_key)
+            set_state(self, _step=LayerStep(batch, E, vids, bag_offsets, scales, {}, B, one_key))
             return
         pooled_vids, pooled_offsets, scale_parts = [], [np.zeros(1, np.int64)], []
         sequences = {}
@@ -398,7 +399,7 @@ class EmbeddingFeatures(torch.nn.Module):
             pooled_offsets.append(offsets[1:] + base)
             scale_parts.append(bag_scales(np.diff(offsets), col.combiner))
             base += hi - lo
-        self._step = LayerStep(
+        step = LayerStep(
             batch=batch,
             E=E,
             vids=np.concatenate(pooled_vids) if pooled_vids else np.zeros(0, np.int64),
@@ -407,6 +408,7 @@ class EmbeddingFeatures(torch.nn.Module):
             sequences=sequences,
             batch_size=B,
         )
+        set_state(self, _step=step)
 
     def _one_key_pools(self, device: torch.device) -> bool:
         """Whether the layer may pool by the one-key kernels (when its bags allow)."""
@@ -451,7 +453,7 @@ class EmbeddingFeatures(torch.nn.Module):
 
     def release(self) -> None:
         """Drop the step's references (called by the model after the push)."""
-        self._step = None
+        set_state(self, _step=None)
 
     def forward(self, batch: Any) -> Any:
         """Return the pooled embeddings of ``batch`` (see the class docstring for shapes).

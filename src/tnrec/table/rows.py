@@ -110,7 +110,9 @@ class RowStore:
         return self.capacity * self.stride * 4 + self.free_rows.nbytes + self.bitmap.nbytes
 
 
-_PREFETCH_AHEAD = 16  # keys/rows: enough misses in flight, few enough to stay in L1/L2
+#: Keys (and rows) a kernel looks up or prefetches ahead of the one it works on: enough
+#: misses in flight to cover a VM's memory latency, few enough to stay in L1.
+_PREFETCH_AHEAD = 32
 
 # ---------------------------------------------------------------------------
 # Kernels. `bases` holds the chunks' addresses, `shift`/`lmask` locate a row,

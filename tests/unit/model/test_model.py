@@ -421,6 +421,30 @@ def test_a_nan_input_names_the_loss_the_tables_and_the_dense_parameters(batches)
         m.train_step(nan_batch)
 
 
+def test_the_step_clears_the_optimizers_gradients_or_calls_its_own_zero_grad(batches):
+    # torch's own zero_grad: every parameter the optimizer holds has its gradient cleared
+    # at each step, including one the model's forward does not use
+    b = batches(1, 8)[0]
+    m = compiled()
+    spare = torch.nn.Parameter(torch.ones(2))
+    spare.grad = torch.full((2,), 3.0)
+    m.compile(torch.optim.SGD([*m.parameters(), spare], lr=0.1))
+    m.train_step(b)
+    assert spare.grad is None
+    # an optimizer with a zero_grad of its own has it called, with set_to_none=True
+    calls = []
+
+    class Counting(torch.optim.SGD):
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            calls.append(set_to_none)
+            super().zero_grad(set_to_none)
+
+    m.compile(Counting(m.parameters(), lr=0.1))
+    m.train_step(b)
+    m.train_step(b)
+    assert calls == [True, True]
+
+
 def test_a_manual_push_checks_the_gradients_train_steps_push_does_not_check_again(
     batches, monkeypatch
 ):
