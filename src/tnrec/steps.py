@@ -46,7 +46,8 @@ def _zero_grads(opt: torch.optim.Optimizer) -> None:
 
     An optimizer that keeps ``torch.optim.Optimizer``'s own ``zero_grad`` has
     its gradients set to None here by the same loop, without the profiler
-    range that method opens (about 10 µs a step); any other is called.
+    range that method opens (about 0.3 µs against 6 for two parameters); any
+    other optimizer's ``zero_grad`` is called.
     """
     if type(opt).zero_grad is not torch.optim.Optimizer.zero_grad:
         opt.zero_grad(set_to_none=True)
