@@ -105,11 +105,25 @@ def _flatten(arr: pa.Array, value_sep: str | None) -> tuple[npt.NDArray[np.int64
     return np.arange(len(arr) + 1, dtype=np.int64), arr
 
 
+def _whole_int64(
+    values: pa.Array,
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_], None] | None:
+    """``(bits, present, None)`` of an int64 array without nulls, read from Arrow's own
+    buffer (no cast, no fill, no copy); None for any other array."""
+    if values.type != pa.int64() or values.null_count:
+        return None
+    vals = values.to_numpy(zero_copy_only=True)
+    return vals.view(np.uint64), np.ones(len(values), np.bool_), None
+
+
 def _int_values(
     values: pa.Array, name: str, where: str
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_], npt.NDArray[np.bool_] | None]:
     """Canonical int64 (as uint64 bits), present and bad masks of raw values."""
     t = values.type
+    whole = _whole_int64(values)
+    if whole is not None:
+        return whole
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         try:
             ints = pc.cast(values, pa.int64())
@@ -146,6 +160,9 @@ def _sign_values(
     is read as no sign at all rather than as a rounded one.
     """
     t = values.type
+    whole = _whole_int64(values)
+    if whole is not None:
+        return whole
     if pa.types.is_integer(t):
         signed = pa.types.is_signed_integer(t)
         ints = pc.cast(values, pa.int64() if signed else pa.uint64())  # widening, exact

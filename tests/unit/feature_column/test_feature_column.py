@@ -114,6 +114,8 @@ def test_keys_match_the_reference(identity, ints, strs):
     "raw",
     [
         pytest.param(pa.array([123, -5], pa.int64()), id="int64"),
+        pytest.param(pa.array([7, 123, -5], pa.int64()).slice(1), id="int64-slice"),
+        pytest.param(pa.chunked_array([[123], [-5]], pa.int64()), id="int64-chunked"),
         pytest.param(pa.array([123, -5], pa.int32()), id="int32"),
         pytest.param(pa.array([123.0, -5.0]), id="float"),
         pytest.param(pa.array(["123", "-5"]), id="text"),
@@ -182,6 +184,9 @@ def test_missing_values_give_empty_bags():
     assert bags.missing == 2
     ints = fc.categorical_bags(fc.category_column("c"), pa.array([1.0, None, float("nan")]))
     assert ints.offsets.tolist() == [0, 1, 1, 1] and ints.missing == 2 and ints.bad is None
+    int64 = fc.categorical_bags(fc.category_column("c"), pa.array([4, None, 5], pa.int64()))
+    assert int64.keys.tolist() == [ref_int_key("c", 4), ref_int_key("c", 5)]
+    assert int64.offsets.tolist() == [0, 1, 1, 2] and int64.missing == 1
 
 
 def test_list_column_bags_keep_duplicates_and_order():
