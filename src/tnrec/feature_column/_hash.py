@@ -60,6 +60,28 @@ def fnv1a64(value: bytes) -> int:
 
 
 @numba.njit(nogil=True, cache=True)
+def _one_present_each(row_offsets: npt.NDArray[np.int64], present: npt.NDArray[np.bool_]) -> bool:
+    """Whether every row of ``row_offsets`` holds exactly one value and it is present (one
+    branch-free pass)."""
+    n_rows = row_offsets.shape[0] - 1
+    first = row_offsets[0]
+    off = 0
+    for r in range(n_rows):
+        off |= (row_offsets[r + 1] - row_offsets[r]) ^ 1
+        off |= 1 - np.int64(present[first + r])
+    return off == 0
+
+
+@numba.njit(nogil=True, cache=True)
+def _int_keys(values: npt.NDArray[np.uint64], col_hash: np.uint64) -> npt.NDArray[np.uint64]:
+    """The key of each int value, ``mix64(mix64(value) ^ col_hash)``, in one pass."""
+    keys = np.empty(values.shape[0], dtype=np.uint64)
+    for i in range(values.shape[0]):
+        keys[i] = _mix64(_mix64(values[i]) ^ col_hash)
+    return keys
+
+
+@numba.njit(nogil=True, cache=True)
 def bags_int(
     row_offsets: npt.NDArray[np.int64],
     values: npt.NDArray[np.uint64],
@@ -75,6 +97,11 @@ def bags_int(
     are the keys as they are. Returns ``keys[N]`` and ``offsets[B+1]``.
     """
     n_rows = row_offsets.shape[0] - 1
+    if _one_present_each(row_offsets, present):  # a scalar column without missing values
+        first = row_offsets[0]
+        scalars = values[first : first + n_rows]
+        keys = scalars.copy() if raw else _int_keys(scalars, col_hash)
+        return keys, np.arange(n_rows + 1, dtype=np.int64)
     offsets = np.zeros(n_rows + 1, dtype=np.int64)
     for r in range(n_rows):
         c = 0

@@ -107,6 +107,30 @@ def test_keys_match_the_reference(identity, ints, strs):
     assert got_s.tolist() == [ref_str_key(identity, s) for s in strs]
 
 
+@pytest.mark.parametrize("raw", [False, True])
+def test_bags_int_gives_a_scalar_column_the_keys_of_the_general_walk(raw):
+    """One value a row, all present, starting inside ``values``: the one-pass path's keys
+    and offsets are those of the same rows with one missing value elsewhere."""
+    from tnrec.feature_column import _hash
+
+    rng = np.random.default_rng(3)
+    vals = rng.integers(-(2**63), 2**63 - 1, 12, dtype=np.int64).view(np.uint64)
+    h = np.uint64(_hash.name_hash("c"))
+    rows = np.arange(2, 11, dtype=np.int64)  # rows of values[2:10], one value each
+    keys, offs = _hash.bags_int(rows, vals, np.ones(12, np.bool_), h, 0, raw)
+    assert offs.tolist() == list(range(9))
+    ref = vals[2:10] if raw else [ref_int_key("c", int(v)) & MASK for v in vals[2:10]]
+    assert keys.tolist() == [int(v) for v in ref]
+    present = np.ones(12, np.bool_)
+    present[11] = False  # a row past these, missing: the general walk
+    wide = np.arange(2, 13, dtype=np.int64)
+    keys2, offs2 = _hash.bags_int(wide, vals, present, h, 0, raw)
+    assert keys2.tolist() == keys.tolist() + [
+        int(v if raw else ref_int_key("c", int(v)) & MASK) for v in vals[10:11]
+    ]
+    assert offs2.tolist() == list(range(10)) + [9]
+
+
 # ----------------------------------------------------------------- canonical forms, identity
 
 
