@@ -62,9 +62,11 @@ def fnv1a64(value: bytes) -> int:
 @numba.njit(nogil=True, cache=True)
 def _one_present_each(row_offsets: npt.NDArray[np.int64], present: npt.NDArray[np.bool_]) -> bool:
     """Whether every row of ``row_offsets`` holds exactly one value and it is present (one
-    branch-free pass)."""
+    branch-free pass, once the rows hold as many values as there are rows)."""
     n_rows = row_offsets.shape[0] - 1
     first = row_offsets[0]
+    if row_offsets[n_rows] - first != n_rows:  # also keeps present[first + r] in bounds
+        return False
     off = 0
     for r in range(n_rows):
         off |= (row_offsets[r + 1] - row_offsets[r]) ^ 1

@@ -131,6 +131,16 @@ def test_bags_int_gives_a_scalar_column_the_keys_of_the_general_walk(raw):
     assert offs2.tolist() == list(range(10)) + [9]
 
 
+def test_bags_int_of_rows_with_empty_and_longer_bags_takes_the_general_walk():
+    """As many values as rows, but one row empty and one with two: not a scalar column."""
+    from tnrec.feature_column import _hash
+
+    vals = np.array([5, 6, 7], np.uint64)
+    rows = np.array([0, 2, 2, 3], np.int64)  # [5, 6], [], [7]
+    keys, offs = _hash.bags_int(rows, vals, np.ones(3, np.bool_), np.uint64(9), 0, True)
+    assert keys.tolist() == [5, 6, 7] and offs.tolist() == [0, 2, 2, 3]
+
+
 # ----------------------------------------------------------------- canonical forms, identity
 
 
