@@ -1,8 +1,8 @@
 """What the Parquet reader costs a training step: ``fit`` over the reader against ``fit``
 over the same batches in memory, and why.
 
-    NUMBA_CACHE_DIR=.numba_cache python3 bench/reader_bench.py           # ~1.5 minutes
-    python3 bench/reader_bench.py --threads 1,2 --repeats 3 --strict
+    NUMBA_CACHE_DIR=.numba_cache python3 bench/reader_bench.py           # ~25 seconds
+    python3 bench/reader_bench.py --threads 1,2 --repeats 3 --strict     # ~45 seconds
 
 The micro model of ``compare.py`` (2 columns, dim 16, ``Linear(32, 1)``, batch
 4096), its ids in one Parquet file (``fit_bench.write_data``), every row created
@@ -21,14 +21,15 @@ interleaved), ms a step, median (min-max):
   process (no GIL shared).
 
 Below the table: the reader alone (ms a batch, inline) and the time a batch
-during which its thread holds the GIL. That is measured as the share of a
-pure-Python loop's progress the reading thread takes from it, at a 0.5 ms
-switch interval, divided by the batches it read meanwhile.
+its thread holds the GIL, hand-overs included: the share of a pure-Python
+loop's progress the reading thread takes from it, at a 0.5 ms switch
+interval, divided by the batches it read meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -60,11 +61,11 @@ def _reader(path: Path, prefetch: int) -> Any:
     return tn.data.read_parquet(str(path), cols, batch_size=B, prefetch=prefetch)
 
 
-def _read_forever(path: Path, stop: threading.Event | None = None) -> None:
+def _read_forever(path: Path, done: Callable[[], bool]) -> None:
     reader = _reader(path, 0)
-    while stop is None or not stop.is_set():
+    while not done():
         for _ in reader:
-            if stop is not None and stop.is_set():
+            if done():
                 return
 
 
@@ -85,7 +86,7 @@ class Beside:
 
     def __enter__(self) -> Beside:
         if self.how == "thread":
-            self.thread = threading.Thread(target=_read_forever, args=(self.path, self.stop))
+            self.thread = threading.Thread(target=_read_forever, args=(self.path, self.stop.is_set))
             self.thread.start()
             time.sleep(0.2)
         else:
@@ -104,7 +105,8 @@ class Beside:
 
 
 def gil_held_us(path: Path, seconds: float = 1.0) -> tuple[float, float]:
-    """``(reader ms a batch alone, µs a batch its thread holds the GIL)`` (module docstring)."""
+    """``(reader ms a batch alone, µs a batch its thread holds the GIL, hand-overs included)``
+    (module docstring)."""
     reader = _reader(path, 0)
     n = sum(1 for _ in reader)
     alone_ms = _ms_a_step(lambda: sum(1 for _ in reader), n)
@@ -194,7 +196,8 @@ def main() -> int:
     add_strict_flag(p)
     a = p.parse_args()
     if a.read_forever is not None:  # the reader process of "reader process beside"
-        _read_forever(Path(a.read_forever))
+        parent = os.getppid()  # ends with the benchmark, even one killed before its cleanup
+        _read_forever(Path(a.read_forever), lambda: os.getppid() != parent)
         return 0
     counts = [int(t) for t in a.threads.split(",")]
     with tempfile.TemporaryDirectory() as tmp:

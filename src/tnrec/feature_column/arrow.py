@@ -113,7 +113,7 @@ def _whole_int64(
     if values.type != pa.int64() or values.null_count:
         return None
     vals = values.to_numpy(zero_copy_only=True)
-    return vals.view(np.uint64), np.ones(len(values), np.bool_), None
+    return vals.view(np.uint64), _valid(values), None
 
 
 def _int_values(
