@@ -33,7 +33,7 @@ Every key, with its default::
     header = true                  # csv
     compression = "auto"           # tfrecord: auto (by name: *.gz, *.zlib) | none | gzip | zlib
     shuffle = true                 # training data, deterministic given seed
-    prefetch = 2
+    prefetch = 2                   # optional; left out: 2 if torch leaves a core, else 0 (inline)
     on_bad_row = "raise"           # raise | skip: a row that cannot be decoded (every reader)
 
     [optimizer.sparse]             # the tables': adagrad | adam | sgd | ftrl + hyper-parameters
@@ -190,7 +190,7 @@ class DataConfig:
     header: bool = True
     compression: str = "auto"
     shuffle: bool = True
-    prefetch: int = 2
+    prefetch: int | None = None
     on_bad_row: str = "raise"
 
 

@@ -23,7 +23,13 @@ Example:
 from tnrec.data.batch import Batch, Jagged
 from tnrec.data.decode import Schema, make_schema, to_batch
 from tnrec.data.files import Unit, expand_paths, list_files
-from tnrec.data.reader import POSITION_VERSION, Reader, ReaderStats
+from tnrec.data.reader import (
+    POSITION_VERSION,
+    PREFETCH_BATCHES,
+    Reader,
+    ReaderStats,
+    prefetch_depth,
+)
 from tnrec.data.readers import (
     CRITEO_CATEGORICAL,
     CRITEO_FIELDS,
@@ -43,6 +49,7 @@ __all__ = [
     "CRITEO_LABEL",
     "CRITEO_NUMERIC",
     "POSITION_VERSION",
+    "PREFETCH_BATCHES",
     "ROW_BITS",
     "Batch",
     "Jagged",
@@ -54,6 +61,7 @@ __all__ = [
     "expand_paths",
     "list_files",
     "make_schema",
+    "prefetch_depth",
     "read_criteo",
     "read_csv",
     "read_parquet",

@@ -244,6 +244,18 @@ def _to_float32(
     return y, over
 
 
+def _finite_floats_into(arr: pa.Array, out: npt.NDArray[np.float32]) -> bool:
+    """Write a float column without nulls into ``out`` as float32, read from Arrow's
+    buffer, and return True when every value is finite there; False (``out`` to be
+    written again) for any other column, which the general path reads and checks."""
+    t = arr.type
+    if arr.null_count or not (pa.types.is_float32(t) or pa.types.is_float64(t)):
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(out, arr.to_numpy(zero_copy_only=True), casting="same_kind")
+    return bool(np.isfinite(out).all())
+
+
 def decode(
     schema: Schema,
     table: pa.RecordBatch | pa.Table,
@@ -382,6 +394,8 @@ def _decode_targets(
     values = np.empty((table.num_rows, len(targets)), dtype=np.float32)  # [B, L (+1)]
     for i, name in enumerate(targets):
         arr = _plain(table.column(name))
+        if _finite_floats_into(arr, values[:, i]):
+            continue
         x, miss = _numbers(arr, NumericColumn(name, 0.0), bad, where)
         bad.note(miss, arr, name, "present (labels and weights must not be missing)")
         values[:, i], over = _to_float32(x)

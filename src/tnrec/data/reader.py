@@ -37,6 +37,31 @@ from tnrec.errors import ArgumentError, DataError
 
 POSITION_VERSION = 1
 
+#: Batches a reader built with ``prefetch=None`` (the default) reads ahead in its thread
+#: when a core is free for it (:func:`prefetch_depth`).
+PREFETCH_BATCHES = 2
+
+
+def prefetch_depth(prefetch: int | None) -> int:
+    """The batches an iteration reads ahead in a background thread (0: inline).
+
+    An int is taken as it is. ``None`` gives :data:`PREFETCH_BATCHES` when this
+    worker's CPUs (:func:`tnrec.table.threads.cpus_per_worker`) hold more
+    threads than torch's (one without torch), and 0 when torch's threads take
+    every core: a reading thread then takes its time from torch's threads,
+    whose parallel regions wait for the slowest of them, and the GIL it holds
+    from the step, so the step slows by more than reading inline costs it.
+    """
+    if prefetch is not None:
+        return prefetch
+    import sys
+
+    from tnrec.table.threads import cpus_per_worker
+
+    torch = sys.modules.get("torch")
+    busy = torch.get_num_threads() if torch is not None else 1
+    return PREFETCH_BATCHES if busy < cpus_per_worker() else 0
+
 
 @dataclass
 class ReaderStats:
@@ -177,7 +202,7 @@ class Reader:
         shuffle: bool = False,
         seed: int = 0,
         shuffle_buffer_rows: int = 65536,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         on_bad_row: Literal["raise", "skip"] = "raise",
         drop_last: bool = False,
         value_sep: str | None = None,
@@ -185,12 +210,13 @@ class Reader:
         for name, value, lo in (
             ("batch_size", batch_size, 1),
             ("shuffle_buffer_rows", shuffle_buffer_rows, 1),
-            ("prefetch", prefetch, 0),
+            ("prefetch", 0 if prefetch is None else prefetch, 0),
             ("seed", seed, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+                also = " or None" if name == "prefetch" else ""
                 raise ArgumentError(
-                    f"Reader: `{name}` must be an int >= {lo}. Received: {name}={value!r}."
+                    f"Reader: `{name}` must be an int >= {lo}{also}. Received: {name}={value!r}."
                 )
         if on_bad_row not in ("raise", "skip"):
             raise ArgumentError(
@@ -203,7 +229,7 @@ class Reader:
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        self.prefetch = int(prefetch)
+        self.prefetch = None if prefetch is None else int(prefetch)
         self.on_bad_row = on_bad_row
         self.drop_last = bool(drop_last)
         self.value_sep = value_sep
@@ -407,7 +433,8 @@ class Reader:
     def _consume(self) -> Iterator[Batch]:
         start = self._pos
         items = self._produce(start)
-        pf = _Prefetcher(items, self.prefetch) if self.prefetch > 0 else None
+        depth = prefetch_depth(self.prefetch)
+        pf = _Prefetcher(items, depth) if depth > 0 else None
         self._active = pf
         try:
             while True:

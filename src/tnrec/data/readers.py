@@ -62,7 +62,7 @@ def read_parquet(
     shuffle: bool = False,
     seed: int = 0,
     shuffle_buffer_rows: int = 65536,
-    prefetch: int = 2,
+    prefetch: int | None = None,
     on_bad_row: Literal["raise", "skip"] = "raise",
     drop_last: bool = False,
 ) -> Reader:
@@ -78,7 +78,9 @@ def read_parquet(
             ``shuffle_buffer_rows`` rows, the rows; deterministic given ``seed``.
         seed: shuffle seed.
         shuffle_buffer_rows: the shuffle window (bounds memory).
-        prefetch: batches read ahead by a background thread (0: read inline).
+        prefetch: batches read ahead by a background thread (0: read inline);
+            None: 2 when a core is free for the thread (torch's threads leave
+            one of this worker's CPUs), else inline (:func:`tnrec.data.prefetch_depth`).
         on_bad_row: ``"raise"`` a :class:`DataError` naming file, row and
             column, or ``"skip"`` the row and count it in
             ``reader.stats.bad_rows``. A file pyarrow cannot read (damaged
@@ -121,7 +123,7 @@ def read_csv(
     shuffle: bool = False,
     seed: int = 0,
     shuffle_buffer_rows: int = 65536,
-    prefetch: int = 2,
+    prefetch: int | None = None,
     on_bad_row: Literal["raise", "skip"] = "raise",
     drop_last: bool = False,
 ) -> Reader:
@@ -200,7 +202,7 @@ def read_criteo(
     shuffle: bool = False,
     seed: int = 0,
     shuffle_buffer_rows: int = 65536,
-    prefetch: int = 2,
+    prefetch: int | None = None,
     on_bad_row: Literal["raise", "skip"] = "raise",
     drop_last: bool = False,
 ) -> Reader:
@@ -249,7 +251,7 @@ def read_tfrecord(
     shuffle: bool = False,
     seed: int = 0,
     shuffle_buffer_rows: int = 65536,
-    prefetch: int = 2,
+    prefetch: int | None = None,
     on_bad_row: Literal["raise", "skip"] = "raise",
     drop_last: bool = False,
 ) -> Reader:

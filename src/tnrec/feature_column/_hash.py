@@ -26,6 +26,8 @@ with ``nogil`` so a prefetch thread runs them in parallel with training.
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -47,8 +49,10 @@ def _fnv1a64(data: npt.NDArray[np.uint8], start: int, stop: int) -> np.uint64:
     return h
 
 
+@functools.lru_cache(maxsize=4096)
 def name_hash(identity: str) -> int:
-    """Return ``fnv1a64(utf8(identity))``, the column-identity part of every key."""
+    """Return ``fnv1a64(utf8(identity))``, the column-identity part of every key (cached:
+    a reader hashes the same few names for every chunk)."""
     data = np.frombuffer(identity.encode("utf-8"), dtype=np.uint8)
     return int(_fnv1a64(data, 0, data.shape[0]))
 

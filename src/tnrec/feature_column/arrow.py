@@ -84,8 +84,9 @@ def _string_buffers(
     return offsets, data, _valid(arr)
 
 
-def _flatten(arr: pa.Array, value_sep: str | None) -> tuple[npt.NDArray[np.int64], pa.Array]:
-    """Return (row_offsets[B+1], values[M]) for list, split-text or scalar columns."""
+def _flatten(arr: pa.Array, value_sep: str | None) -> tuple[npt.NDArray[np.int64], pa.Array, bool]:
+    """Return (row_offsets[B+1], values[M], whether each row holds one value) for list,
+    split-text or scalar columns."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if isinstance(arr, pa.DictionaryArray):
@@ -101,8 +102,8 @@ def _flatten(arr: pa.Array, value_sep: str | None) -> tuple[npt.NDArray[np.int64
         values = arr.flatten()
         if isinstance(values, pa.DictionaryArray):
             values = values.dictionary_decode()
-        return row_offsets, values
-    return np.arange(len(arr) + 1, dtype=np.int64), arr
+        return row_offsets, values, False
+    return np.arange(len(arr) + 1, dtype=np.int64), arr, True
 
 
 def _whole_int64(
@@ -211,7 +212,7 @@ def categorical_bags(
         keys = bucket_keys(column, x)
         offs = np.arange(len(keys) + 1, dtype=np.int64)
         return Bags(keys, offs, bad if bad is not None and bad.any() else None, 0)
-    row_offsets, values = _flatten(array, value_sep)
+    row_offsets, values, scalar = _flatten(array, value_sep)
     col_hash = np.uint64(_hash.name_hash(column.identity))
     bad_values: npt.NDArray[np.bool_] | None = None
     if column.dtype == "str":
@@ -245,7 +246,10 @@ def categorical_bags(
     bad = None
     if bad_values is not None and bad_values.any():
         bad = _hash.any_per_row(row_offsets, bad_values)
-    missing = int(np.count_nonzero(out_offsets[1:] == out_offsets[:-1]))
+    if scalar:  # a row holds one key or none
+        missing = len(out_offsets) - 1 - len(keys_u)
+    else:
+        missing = int(np.count_nonzero(out_offsets[1:] == out_offsets[:-1]))
     return Bags(keys_u.view(np.int64), out_offsets, bad, missing)
 
 

@@ -160,6 +160,33 @@ def test_parquet_values_beyond_float32_and_int64_name_the_row(tmp_path: Path):
     assert s.keys("u").tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("dtype", [pa.float32(), pa.float64()])
+def test_parquet_float_labels_and_weights(tmp_path: Path, dtype: pa.DataType):
+    y = [0.1, 1.0, 3.4e-39, -2.5]  # 3.4e-39: a float32 subnormal
+    w = [1.0, 0.3, 2.0, 1e-7]
+    q = tmp_path / "good.parquet"
+    pq.write_table(
+        pa.table({"u": [1, 2, 3, 4], "y": pa.array(y, dtype), "w": pa.array(w, dtype)}), q
+    )
+    b = read_all(td.read_parquet(q, [fc.category_column("u")], label="y", weight="w"))
+    assert b.labels[:, 0].tolist() == np.array(y, np.float32).tolist()
+    assert b.weights is not None and b.weights.tolist() == np.array(w, np.float32).tolist()
+    # Not finite in the file or as float32, missing (NaN, null): bad rows, named.
+    for value, what in (
+        (1e39, "finite as float32") if dtype == pa.float64() else (float("inf"), "a finite number"),
+        (float("nan"), "present"),
+        (None, "present"),
+    ):
+        bad = tmp_path / "bad.parquet"
+        labels = pa.array([0.5, value, 1.0], dtype)
+        pq.write_table(pa.table({"u": [1, 2, 3], "y": labels}), bad)
+        with pytest.raises(DataError, match=rf'row 1: column "y": value .* is not {what}'):
+            list(td.read_parquet(bad, [fc.category_column("u")], label="y"))
+        r = td.read_parquet(bad, [fc.category_column("u")], label="y", on_bad_row="skip")
+        got = read_all(r)
+        assert got.labels[:, 0].tolist() == [0.5, 1.0] and r.stats.bad_rows == 1
+
+
 def test_parquet_uint64_list_values_beyond_int64(tmp_path: Path):
     # row 0: [1, 2]   row 1: [3, 2**64-1] (bad)   row 2: []
     q = tmp_path / "a.parquet"

@@ -3,6 +3,7 @@ missing values, multi-valued columns, bad rows, empty input, file listing."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -249,7 +250,8 @@ def test_list_files_and_globs(tmp_path: Path, rows):
             r"`batch_size` must be an int >= 1. Received: batch_size=0.",
             id="batch_size",
         ),
-        pytest.param({"prefetch": -1}, r"`prefetch` must be an int >= 0", id="prefetch"),
+        pytest.param({"prefetch": -1}, r"`prefetch` must be an int >= 0 or None", id="prefetch"),
+        pytest.param({"prefetch": 1.5}, r"`prefetch` must be an int >= 0 or None", id="prefetch-f"),
         pytest.param(
             {"shuffle_buffer_rows": 0}, r"`shuffle_buffer_rows` must be an int >= 1", id="buffer"
         ),
@@ -280,3 +282,38 @@ def test_prefetch_reports_input_wait(tmp_path: Path, rows):
     n = sum(b.size for b in r)
     assert n == 37 and r.stats.batches == 8 and r.stats.input_wait_s > 0
     assert set(r.stats.as_dict()) == {"rows", "batches", "bad_rows", "missing", "input_wait_s"}
+
+
+def _reads_in_a_thread(reader: td.Reader) -> bool:
+    """Whether an iteration of ``reader`` runs a prefetch thread (seen after its first batch)."""
+    it = iter(reader)
+    next(it)
+    names = {t.name for t in threading.enumerate()}
+    reader.close()
+    return "tnrec-prefetch" in names
+
+
+def test_the_default_prefetch_reads_in_a_thread_only_when_torch_leaves_a_core(tmp_path: Path, rows):
+    import torch
+
+    from tnrec.table.threads import cpus_per_worker
+
+    p = write_tsv(tmp_path / "d.tsv", rows)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(cpus_per_worker())  # torch's threads take every core: inline
+        assert td.prefetch_depth(None) == 0
+        assert not _reads_in_a_thread(td.read_criteo(p, batch_size=5))
+        assert _reads_in_a_thread(td.read_criteo(p, batch_size=5, prefetch=1))  # as asked
+        if cpus_per_worker() > 1:  # a core left: the thread, PREFETCH_BATCHES ahead
+            torch.set_num_threads(cpus_per_worker() - 1)
+            assert td.prefetch_depth(None) == td.PREFETCH_BATCHES == 2
+            assert _reads_in_a_thread(td.read_criteo(p, batch_size=5))
+            assert not _reads_in_a_thread(td.read_criteo(p, batch_size=5, prefetch=0))
+        # Either way the same batches, in order.
+        ref = read_all(td.read_criteo(p, batch_size=5, prefetch=0))
+        got = read_all(td.read_criteo(p, batch_size=5))
+        assert got.row_ids.tolist() == ref.row_ids.tolist() == list(range(37))
+        assert np.array_equal(got.labels, ref.labels)
+    finally:
+        torch.set_num_threads(before)

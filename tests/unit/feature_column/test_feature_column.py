@@ -223,6 +223,22 @@ def test_missing_values_give_empty_bags():
     assert int64.offsets.tolist() == [0, 1, 1, 2] and int64.missing == 1
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), max_size=30),
+    st.sampled_from(["int", "sign", "str"]),
+)
+def test_a_scalar_column_counts_its_empty_bags_as_missing(values, dtype):
+    col = fc.category_column("c", dtype=dtype)
+    arr = pa.array(values, pa.int64())
+    if dtype == "str":  # text, with empty strings missing too
+        arr = pa.array([None if v is None else ("" if v % 3 == 0 else str(v)) for v in values])
+    bags = fc.categorical_bags(col, arr)
+    empty = int(np.count_nonzero(np.diff(bags.offsets) == 0))
+    assert bags.missing == empty
+    assert empty == sum(v is None or (dtype == "str" and v % 3 == 0) for v in values)
+
+
 def test_list_column_bags_keep_duplicates_and_order():
     # rows:  0: [a, b, a]   1: null   2: []   3: [null, c]
     #
