@@ -12,8 +12,11 @@ interleaved), ms a step, median (min-max):
 * ``train_step``: a loop of ``train_step`` over the reader's batches, read
   into memory beforehand;
 * ``fit, batches in memory``: ``fit`` over that list;
-* ``fit, reader``: ``fit`` over the reader (its default: 2 batches read ahead
-  by a thread);
+* ``fit, reader``: ``fit`` over the reader as ``read_parquet`` builds it by
+  default: 2 batches read ahead by a thread when torch's threads leave a core,
+  else read inline (``tnrec.data.prefetch_depth``);
+* ``fit, reader thread``: the same with ``prefetch=2`` (2 batches read ahead by
+  a thread at any thread count);
 * ``fit, reader inline``: the same with ``prefetch=0`` (read in the step's thread);
 * ``train_step, reader thread beside``: the ``train_step`` loop while another
   thread of the process reads the file over and over;
@@ -47,13 +50,14 @@ LINES = (
     "train_step",
     "fit, batches in memory",
     "fit, reader",
+    "fit, reader thread",
     "fit, reader inline",
     "train_step, reader thread beside",
     "train_step, reader process beside",
 )
 
 
-def _reader(path: Path, prefetch: int) -> Any:
+def _reader(path: Path, prefetch: int | None) -> Any:
     import tnrec as tn
     from compare_data import B
 
@@ -159,7 +163,7 @@ def run(threads: int, repeats: int, steps: int, root: Path) -> dict[str, Any]:
     model = TnrecImpl("micro").model
     memory = list(_reader(path, 0))
     model.fit(memory, epochs=1, verbose=0, pipeline=False)  # creates every row
-    readers = {2: _reader(path, 2), 0: _reader(path, 0)}
+    readers = {None: _reader(path, None), 2: _reader(path, 2), 0: _reader(path, 0)}
     n = len(memory)
 
     def steps_loop() -> None:
@@ -174,9 +178,9 @@ def run(threads: int, repeats: int, steps: int, root: Path) -> dict[str, Any]:
         for _ in range(repeats):
             times[LINES[0]].append(_ms_a_step(steps_loop, n))
             times[LINES[1]].append(_ms_a_step(fit(memory), n))
-            times[LINES[2]].append(_ms_a_step(fit(readers[2]), n))
-            times[LINES[3]].append(_ms_a_step(fit(readers[0]), n))
-            for line, how in ((LINES[4], "thread"), (LINES[5], "process")):
+            for line, prefetch in ((LINES[2], None), (LINES[3], 2), (LINES[4], 0)):
+                times[line].append(_ms_a_step(fit(readers[prefetch]), n))
+            for line, how in ((LINES[5], "thread"), (LINES[6], "process")):
                 with Beside(path, how):
                     times[line].append(_ms_a_step(steps_loop, n))
         alone_ms, gil_us = gil_held_us(path)
