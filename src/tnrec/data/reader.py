@@ -46,21 +46,18 @@ def prefetch_depth(prefetch: int | None) -> int:
     """The batches an iteration reads ahead in a background thread (0: inline).
 
     An int is taken as it is. ``None`` gives :data:`PREFETCH_BATCHES` when this
-    worker's CPUs (:func:`tnrec.table.threads.cpus_per_worker`) hold more
-    threads than torch's (one without torch), and 0 when torch's threads take
-    every core: a reading thread then takes its time from torch's threads,
-    whose parallel regions wait for the slowest of them, and the GIL it holds
-    from the step, so the step slows by more than reading inline costs it.
+    worker's CPUs hold more threads than torch's
+    (:func:`tnrec.table.threads.core_beside_torch`), and 0 when torch's threads
+    take every core: a reading thread then takes its time from torch's
+    threads, whose parallel regions wait for the slowest of them, and the GIL
+    it holds from the step, so the step slows by more than reading inline
+    costs it.
     """
     if prefetch is not None:
         return prefetch
-    import sys
+    from tnrec.table.threads import core_beside_torch
 
-    from tnrec.table.threads import cpus_per_worker
-
-    torch = sys.modules.get("torch")
-    busy = torch.get_num_threads() if torch is not None else 1
-    return PREFETCH_BATCHES if busy < cpus_per_worker() else 0
+    return PREFETCH_BATCHES if core_beside_torch() else 0
 
 
 @dataclass

@@ -35,6 +35,7 @@ from tnrec.errors import ArgumentError
 
 __all__ = [
     "MIN_SLICE",
+    "core_beside_torch",
     "cpus_per_worker",
     "get_local_workers",
     "get_num_threads",
@@ -84,6 +85,19 @@ def spare_core(busy: int) -> bool:
     the caller passes them) and the table kernels' (:func:`get_num_threads`) together:
     whether a second thread of table work beside the caller has a core to itself."""
     return busy + get_num_threads() <= cpus_per_worker()
+
+
+def core_beside_torch() -> bool:
+    """Whether this worker's CPUs (:func:`cpus_per_worker`) hold more threads than torch's
+    (one when torch is not imported): whether a thread that works beside the step all
+    along, as a reader's prefetch thread does, has a core to itself. Where torch's
+    threads take every core, such a thread slows the step more than its work costs
+    inline: torch's parallel regions wait for the slowest of their threads."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    busy = torch.get_num_threads() if torch is not None else 1
+    return busy < cpus_per_worker()
 
 
 _local_workers = 1  # workers sharing this machine's CPUs (set_local_workers)

@@ -184,3 +184,16 @@ def test_a_chosen_count_is_kept_whatever_the_local_workers(fresh_count, monkeypa
     assert threads.get_num_threads() == 3
     threads.set_local_workers(1)
     assert threads.get_num_threads() == 3
+
+
+def test_a_core_beside_torch_is_one_torchs_threads_leave(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "cpus_per_worker", lambda: 4)
+    try:
+        for n, free in ((4, False), (6, False), (3, True), (1, True)):
+            torch.set_num_threads(n)
+            assert threads.core_beside_torch() is free, n
+    finally:
+        torch.set_num_threads(before)
