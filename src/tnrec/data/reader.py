@@ -48,10 +48,9 @@ def prefetch_depth(prefetch: int | None) -> int:
     An int is taken as it is. ``None`` gives :data:`PREFETCH_BATCHES` when this
     worker's CPUs hold more threads than torch's
     (:func:`tnrec.table.threads.core_beside_torch`), and 0 when torch's threads
-    take every core: a reading thread then takes its time from torch's
-    threads, whose parallel regions wait for the slowest of them, and the GIL
-    it holds from the step, so the step slows by more than reading inline
-    costs it.
+    take every core: there a reading thread beside them slowed the micro model's
+    step through ``fit`` by more than reading inline cost it (docs/performance.md,
+    What the reader costs a step through ``fit``).
     """
     if prefetch is not None:
         return prefetch

@@ -90,9 +90,9 @@ def spare_core(busy: int) -> bool:
 def core_beside_torch() -> bool:
     """Whether this worker's CPUs (:func:`cpus_per_worker`) hold more threads than torch's
     (one when torch is not imported): whether a thread that works beside the step all
-    along, as a reader's prefetch thread does, has a core to itself. Where torch's
-    threads take every core, such a thread slows the step more than its work costs
-    inline: torch's parallel regions wait for the slowest of their threads."""
+    along, as a reader's prefetch thread does (:func:`tnrec.data.prefetch_depth`), has a
+    core to itself. Unlike :func:`spare_core` it does not count the table kernels'
+    threads, which run only inside the step's own table calls."""
     import sys
 
     torch = sys.modules.get("torch")
