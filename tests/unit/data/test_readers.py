@@ -285,12 +285,14 @@ def test_prefetch_reports_input_wait(tmp_path: Path, rows):
 
 
 def _reads_in_a_thread(reader: td.Reader) -> bool:
-    """Whether an iteration of ``reader`` runs a prefetch thread (seen after its first batch)."""
+    """Whether an iteration of ``reader`` starts a prefetch thread (seen after its first
+    batch; a thread another test left running does not count)."""
+    before = set(threading.enumerate())
     it = iter(reader)
     next(it)
-    names = {t.name for t in threading.enumerate()}
+    started = set(threading.enumerate()) - before
     reader.close()
-    return "tnrec-prefetch" in names
+    return any(t.name == "tnrec-prefetch" for t in started)
 
 
 def test_the_default_prefetch_reads_in_a_thread_only_when_torch_leaves_a_core(tmp_path: Path, rows):
