@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from machine_state import MachineWatch, add_strict_flag, check_runs, cpu_line
+from machine_state import MachineWatch, check_runs, cpu_line
+from reader_bench import add_run_args, print_by_threads
 
 LINES = ("train_step", "by hand", "dense only")
 
@@ -134,33 +135,21 @@ def run(threads: int, repeats: int, steps: int) -> dict[str, Any]:
     return {"times": times, "state": watch.state}
 
 
-def _cell(values: list[float]) -> str:
-    return f"{np.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--threads", default="1", help="torch thread counts, e.g. 1,2 (default 1)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60, help="batches of 4096 a repeat")
-    add_strict_flag(p)
+    add_run_args(p, "batches of 4096 a repeat")
     a = p.parse_args()
     counts = [int(t) for t in a.threads.split(",")]
     results = {t: run(t, a.repeats, a.steps) for t in counts}
     notes = check_runs([(f"threads {t}", r["state"]) for t, r in results.items()], a.strict)
     print(f"machine: {cpu_line()}; {a.steps} batches of 4096, {a.repeats} repeats")
     print("ms a step, median (min-max) over the repeats; micro model, rows exist")
-    header = "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>26s}" for t in counts)
-    print(f"{'':24s}{header}")
-    for line in LINES:
-        cells = "".join(f"{_cell(results[t]['times'][line]):>26s}" for t in counts)
-        print(f"{line:24s}{cells}")
+    rows = [(line, {t: r["times"][line] for t, r in results.items()}) for line in LINES]
     glue = {
         t: [s - h for s, h in zip(r["times"][LINES[0]], r["times"][LINES[1]], strict=True)]
         for t, r in results.items()
     }
-    cells = "".join(f"{_cell(glue[t]):>26s}" for t in counts)
-    print(f"{'train_step - by hand':24s}{cells}")
+    print_by_threads(counts, [*rows, ("train_step - by hand", glue)], 24)
     for t, r in results.items():
         print(f"threads {t}: {r['state'].summary()}")
     for line in notes:

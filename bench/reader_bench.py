@@ -191,13 +191,31 @@ def _cell(values: list[float]) -> str:
     return f"{np.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_run_args(p: argparse.ArgumentParser, steps_help: str) -> None:
+    """``--threads``, ``--repeats``, ``--steps`` and ``--strict``: the arguments of a bench
+    whose table has a column a torch thread count (this one and ``glue_bench.py``)."""
     p.add_argument("--threads", default="1", help="torch thread counts, e.g. 1,2 (default 1)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60, help="batches of 4096 in the file")
-    p.add_argument("--read-forever", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=60, help=steps_help)
     add_strict_flag(p)
+
+
+def print_by_threads(
+    counts: list[int], rows: list[tuple[str, dict[int, list[float]]]], width: int
+) -> None:
+    """Print a header of ``counts`` and each ``(label, {threads: values})`` row as the
+    median (min-max) of its values under each thread count, labels ``width`` wide."""
+    header = "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>26s}" for t in counts)
+    print(f"{'':{width}s}{header}")
+    for label, values in rows:
+        cells = "".join(f"{_cell(values[t]):>26s}" for t in counts)
+        print(f"{label:{width}s}{cells}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_run_args(p, "batches of 4096 in the file")
+    p.add_argument("--read-forever", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.read_forever is not None:  # the reader process of "reader process beside"
         parent = os.getppid()  # ends with the benchmark, even one killed before its cleanup
@@ -209,11 +227,8 @@ def main() -> int:
     notes = check_runs([(f"threads {t}", r["state"]) for t, r in results.items()], a.strict)
     print(f"machine: {cpu_line()}; {a.steps} batches of 4096, {a.repeats} repeats")
     print("ms a step, median (min-max) over the interleaved repeats; micro model, rows exist")
-    header = "".join(f"{f'{t} thread' + ('s' if t > 1 else ''):>26s}" for t in counts)
-    print(f"{'':36s}{header}")
-    for line in LINES:
-        cells = "".join(f"{_cell(results[t]['times'][line]):>26s}" for t in counts)
-        print(f"{line:36s}{cells}")
+    rows = [(line, {t: r["times"][line] for t, r in results.items()}) for line in LINES]
+    print_by_threads(counts, rows, 36)
     for t, r in results.items():
         print(
             f"threads {t}: the reader alone {r['alone_ms']:.3f} ms a batch; its thread holds "

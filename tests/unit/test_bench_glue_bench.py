@@ -3,19 +3,12 @@ run prints every line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "glue_bench.py"
-if str(SCRIPT.parent) not in sys.path:
-    sys.path.insert(0, str(SCRIPT.parent))
+from tests.unit.bench_script import row_ms, run_bench
 
-from glue_bench import LINES, micro_setup  # noqa: E402  (bench/ put on the path above)
+from glue_bench import LINES, micro_setup  # isort: skip  (bench/ is put on the path by bench_script)
 
 
 def test_the_hand_step_trains_the_model_train_step_trains_bit_for_bit():
@@ -37,17 +30,8 @@ def test_the_hand_step_trains_the_model_train_step_trains_bit_for_bit():
 
 
 def test_a_short_run_prints_every_line():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--steps", "3", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(SCRIPT.parent)},
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    for name in (*LINES, "train_step - by hand"):
-        (row,) = [line for line in lines if line.startswith(name + "  ")]
-        ms = float(row[len(name) :].split()[0])
-        assert (0 < ms < 10_000) if name in LINES else (-10_000 < ms < 10_000), row
+    lines = run_bench("glue_bench.py", "--steps", "3", "--repeats", "1")
+    for name in LINES:
+        assert 0 < row_ms(lines, name) < 10_000, name
+    assert -10_000 < row_ms(lines, "train_step - by hand") < 10_000
     assert any(line.startswith("threads 1: load ") for line in lines)
