@@ -1,6 +1,6 @@
 """What tnrec's step costs beyond its kernels: ``train_step`` against the same calls by hand.
 
-    NUMBA_CACHE_DIR=.numba_cache python3 bench/glue_bench.py            # ~20 seconds
+    NUMBA_CACHE_DIR=.numba_cache python3 bench/glue_bench.py            # ~10 seconds
     python3 bench/glue_bench.py --threads 1,2 --repeats 3 --strict
 
 The micro model of ``compare.py`` (2 columns, dim 16, ``Linear(32, 1)``, Adam,
