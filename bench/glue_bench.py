@@ -51,8 +51,19 @@ class HandStep:
 
     def __init__(self, model: Any) -> None:
         import torch
+        import torch.nn.functional as F
 
-        self.torch = torch
+        from tnrec.layers.embedding import bag_layout
+        from tnrec.layers.pooling import PoolOneKey, one_key_bags
+        from tnrec.ps.unique import show_click, unique_inverse
+
+        self.torch, self.bce = torch, F.binary_cross_entropy_with_logits
+        self.bag_layout, self.unique_inverse, self.show_click = (
+            bag_layout,
+            unique_inverse,
+            show_click,
+        )
+        self.pool, self.one_key_bags = PoolOneKey.apply, one_key_bags
         self.model = model
         (self.table,) = model.tables.values()
         self.columns = tuple(c.key for c in model.emb.columns)
@@ -60,29 +71,24 @@ class HandStep:
 
     def __call__(self, batch: Any) -> float:
         """Train on ``batch``; return the loss."""
-        import torch.nn.functional as F
-
-        from tnrec.layers.embedding import bag_layout
-        from tnrec.layers.pooling import PoolOneKey, one_key_bags
-        from tnrec.ps.unique import show_click, unique_inverse
-
         torch = self.torch
         B = batch.size
-        lay = bag_layout(batch, self.columns)
-        uniq, inverse = unique_inverse(lay.keys)  # [U], [N]
+        lay = self.bag_layout(batch, self.columns)
+        uniq, inverse = self.unique_inverse(lay.keys)  # [U], [N]
         E = torch.from_numpy(self.table.pull_unchecked(uniq, True)).requires_grad_(True)
-        ids = one_key_bags(inverse, lay.offsets, B, uniq.shape[0])
-        pooled = PoolOneKey.apply(E, ids, B, len(self.columns))  # [B, C*D]
+        ids = self.one_key_bags(inverse, lay.offsets, B, uniq.shape[0])
+        pooled = self.pool(E, ids, B, len(self.columns))  # [B, C*D]
         logit = self.model.forward_dense({"emb": pooled}, None)  # [B]
         y = torch.from_numpy(np.ascontiguousarray(batch.labels[:, 0]))
-        per_row = F.binary_cross_entropy_with_logits(logit, y, reduction="none")  # [B]
+        per_row = self.bce(logit, y, reduction="none")  # [B]
         loss = 1.0 * per_row.sum() / float(B)  # train_step's term: head weight x sum / rows
         for group in self.opt.param_groups:
             for p in group["params"]:
                 p.grad = None
         loss.backward()
         label = batch.labels[:, 0].astype(np.float64)
-        show, click = show_click(inverse, lay.rows, np.ones(B, np.float32), label, uniq.shape[0])
+        ones = np.ones(B, np.float32)
+        show, click = self.show_click(inverse, lay.rows, ones, label, uniq.shape[0])
         self.table.push_unchecked(uniq, E.grad.numpy(), show, click)
         self.opt.step()
         return float(loss.detach())
