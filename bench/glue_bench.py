@@ -57,13 +57,13 @@ class HandStep:
         from tnrec.layers.pooling import PoolOneKey, one_key_bags
         from tnrec.ps.unique import show_click, unique_inverse
 
-        self.torch, self.bce = torch, F.binary_cross_entropy_with_logits
-        self.bag_layout, self.unique_inverse, self.show_click = (
-            bag_layout,
-            unique_inverse,
-            show_click,
-        )
-        self.pool, self.one_key_bags = PoolOneKey.apply, one_key_bags
+        self.torch = torch
+        self.bce = F.binary_cross_entropy_with_logits
+        self.bag_layout = bag_layout
+        self.unique_inverse = unique_inverse
+        self.one_key_bags = one_key_bags
+        self.pool = PoolOneKey.apply
+        self.show_click = show_click
         self.model = model
         (self.table,) = model.tables.values()
         self.columns = tuple(c.key for c in model.emb.columns)
