@@ -57,7 +57,7 @@ import torch
 
 from tnrec.errors import ArgumentError
 from tnrec.layers.device import to_device
-from tnrec.table import team, threads
+from tnrec.table import team
 from tnrec.table._llvm import _f32_ptr, _i32_ptr, _i64_ptr
 
 #: Pool CPU tensors with the torch ops of :func:`pool_torch` instead of the
@@ -373,8 +373,8 @@ class PoolOneKey(torch.autograd.Function):
         D = E.shape[1]
         out = torch.empty((batch_size, columns * D), dtype=torch.float32)
         rows, flat = E.detach().numpy(), out.numpy().reshape(-1)
-        parts = threads.slices(ids.shape[0])
-        if flat.shape[0] >= TEAM_MIN_VALUES and team.usable(parts, rows, ids):
+        parts = team.slices(ids.shape[0], rows, ids)
+        if flat.shape[0] >= TEAM_MIN_VALUES and parts is not None:
             _one_key_forward_on_team(parts, rows, ids, flat)
         else:
             _one_key_forward(rows, ids, flat)

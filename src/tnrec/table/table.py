@@ -369,10 +369,11 @@ class SparseTable(RowAccess):
         rws = np.empty(n, dtype=np.int32)
         st = self._store
         slots, loc, dim = self._slots, st.loc, self.dim
-        parts = threads.slices(n)
-        if team.usable(parts, keys):
-            missing = team.lookup_gather(parts, slots, loc, keys, rws, out)
+        on_team = team.slices(n, keys)
+        if on_team is not None:
+            missing = team.lookup_gather(on_team, slots, loc, keys, rws, out)
         else:
+            parts = threads.slices(n)
             missing = sum(
                 threads.run(
                     parts,
@@ -891,12 +892,14 @@ class SparseTable(RowAccess):
         s: npt.NDArray[np.float32],
         c: npt.NDArray[np.float32],
     ) -> None:
-        """Run the optimizer rule on ``rws`` (unique; ``-1`` skipped), one slice a thread."""
+        """Run the optimizer rule on ``rws`` (unique; ``-1`` skipped): on torch's team in its
+        own slices (:func:`tnrec.table.team.slices`) where it can, else ``parts`` one a thread."""
         opt, loc = self.optimizer, self._store.loc
         kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
         gen = np.int32(self.generation)
-        if team.usable(parts, rws, g, s, c):
-            team.apply_push(parts, loc, rws, g, s, c, kind, hp, width, gen)
+        on_team = team.slices(rws.shape[0], rws, g, s, c)
+        if on_team is not None:
+            team.apply_push(on_team, loc, rws, g, s, c, kind, hp, width, gen)
             return
         threads.run(
             parts,

@@ -13,10 +13,13 @@ can: ``GOMP_parallel`` of the OpenMP runtime torch loaded, with a compiled
 numba ``cfunc`` (a :class:`Body`) as the team's body. The spinning workers
 take the slices at once, and no thread of ours competes with them.
 
-The slices are the ones :func:`tnrec.table.threads.slices` cuts, and each is
-computed by the same kernel as on the Python threads, so the results are the
-same whichever way a call runs (each slice writes its own keys' outputs and
-rows). The team's threads take the slices in turn from a shared counter.
+The slices are cut as :func:`tnrec.table.threads.slices` cuts them, but
+down to :data:`MIN_SLICE` keys (:func:`slices`): the team's workers are
+already spinning, so a slice is worth handing over at a quarter of the
+Python threads' minimum. Each slice is computed by the same kernel as on the
+Python threads, so the results are the same whichever way a call runs (each
+slice writes its own keys' outputs and rows). The team's threads take the
+slices in turn from a shared counter.
 
 A call runs on the team (:func:`usable`) when all of these hold; otherwise it
 runs on the Python threads:
@@ -46,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import types
 
-from tnrec.table import rows
+from tnrec.table import rows, threads
 from tnrec.table._llvm import _f32_ptr, _f64_ptr, _fetch_add, _i32_ptr, _i64_ptr
 
 __all__ = [
@@ -55,8 +58,10 @@ __all__ = [
     "address",
     "apply_push",
     "lookup_gather",
+    "MIN_SLICE",
     "next_slice",
     "run",
+    "slices",
     "usable",
     "warm",
 ]
@@ -239,6 +244,22 @@ def usable(parts: Sequence[tuple[int, int]], *arrays: np.ndarray) -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     return bool(sys.modules["torch"].get_num_threads() >= len(parts))
+
+
+#: Keys a slice of a call on the team gets at least (four times fewer than
+#: :data:`tnrec.table.threads.MIN_SLICE`): the workers take a slice as soon as
+#: it is posted, where a Python thread is woken and must get the GIL. Pull and push
+#: of a 1M-key table of dim 16 right after a torch operation, at 2 threads: two
+#: slices beat one from about 3,000 keys (ad hoc, CHANGELOG stop 61).
+MIN_SLICE = 2048
+
+
+def slices(n: int, *arrays: np.ndarray) -> list[tuple[int, int]] | None:
+    """The slices a call over ``n`` keys of ``arrays`` runs in on the team (two or more of
+    at least :data:`MIN_SLICE` keys), or None where it runs on the Python threads
+    (:func:`usable` says no)."""
+    parts = threads.slices(n, MIN_SLICE)
+    return parts if usable(parts, *arrays) else None
 
 
 def run(body: Body, parts: Sequence[tuple[int, int]], args: list[int]) -> npt.NDArray[np.int64]:

@@ -201,9 +201,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
-def slices(n: int) -> list[tuple[int, int]]:
-    """Cut ``range(n)`` into at most :func:`get_num_threads` slices of >= ``MIN_SLICE`` keys."""
-    parts = max(1, min(get_num_threads(), n // MIN_SLICE))
+def slices(n: int, min_slice: int | None = None) -> list[tuple[int, int]]:
+    """Cut ``range(n)`` into at most :func:`get_num_threads` slices of >= ``min_slice``
+    keys (default :data:`MIN_SLICE`)."""
+    least = MIN_SLICE if min_slice is None else min_slice
+    parts = max(1, min(get_num_threads(), n // least))
     if parts == 1:
         return [(0, n)]
     step = -(-n // parts)

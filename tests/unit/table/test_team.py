@@ -1,7 +1,8 @@
 """The step's pull and push on torch's OpenMP team: the same table as on Python threads.
 
-``MIN_SLICE`` is lowered so that batches of a few hundred keys (the calls of
-``test_threads``) run in two slices; ``TNREC_TABLE_TEAM=1`` runs them on the
+``MIN_SLICE`` (the Python threads' and the team's) is lowered so that batches
+of a few hundred keys (the calls of ``test_threads``) run in two slices;
+``TNREC_TABLE_TEAM=1`` runs them on the
 team, ``0`` on the Python threads, and the tables must come out the same bit
 for bit.
 """
@@ -30,6 +31,7 @@ needs_team = pytest.mark.skipif(
 @pytest.fixture
 def two_slices(monkeypatch):
     monkeypatch.setattr(threads, "MIN_SLICE", 16)
+    monkeypatch.setattr(team, "MIN_SLICE", 16)
     before = threads.get_num_threads()
     threads.set_num_threads(2)
     yield
@@ -39,7 +41,7 @@ def two_slices(monkeypatch):
 def _train(opt, mode, monkeypatch):
     """test_threads' pulls and pushes in two slices, then a pull of present and unseen keys."""
     monkeypatch.setenv("TNREC_TABLE_TEAM", mode)
-    assert team.usable(threads.slices(300), np.zeros(300, np.int64)) == (mode == "1")
+    assert (team.slices(300, np.zeros(300, np.int64)) is not None) == (mode == "1")
     t = _run(opt, 2)
     keys, _ = t.records()
     unseen = np.arange(1000, 1300, dtype=np.int64)  # never created: zeros, nothing made
@@ -106,6 +108,42 @@ def test_when_a_call_runs_on_the_team(monkeypatch):
         assert team.usable(parts, a)
     finally:
         torch.set_num_threads(before)
+
+
+@needs_team
+def test_the_team_takes_calls_too_small_for_the_python_threads(monkeypatch):
+    monkeypatch.delenv("TNREC_TABLE_TEAM", raising=False)
+    torch_before, table_before = torch.get_num_threads(), threads.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        threads.set_num_threads(2)
+        n = 2 * team.MIN_SLICE
+        assert n < 2 * threads.MIN_SLICE
+        a = np.zeros(n, np.int64)
+        assert threads.slices(n) == [(0, n)]  # the Python threads: one slice
+        assert team.slices(n, a) == [(0, n // 2), (n // 2, n)]
+        assert team.slices(n - 1, a[1:]) is None  # under two team slices
+        assert team.slices(n, a.reshape(2, -1)[:, 0]) is None  # not contiguous
+        torch.set_num_threads(1)
+        assert team.slices(n, a) is None  # torch's team is smaller than the call
+        # A pull and a push of n keys on the team (two slices) and in this thread alone
+        # (TNREC_TABLE_TEAM=0, one slice) leave the same table.
+        torch.set_num_threads(2)
+        keys = np.arange(1, n + 1, dtype=np.int64) * 7919
+        grads = np.linspace(-1, 1, n * 4, dtype=np.float32).reshape(n, 4)
+        ones = np.ones(n, np.float32)
+        got = []
+        for mode in ("", "0"):
+            monkeypatch.setenv("TNREC_TABLE_TEAM", mode)
+            t = SparseTable(4, AdaGrad(0.1), name="t")
+            t.pull(keys)
+            t.push(keys, grads, ones, ones)
+            got.append((t.pull(keys, create=False), t.records()[1]))
+        np.testing.assert_array_equal(got[0][0], got[1][0])
+        np.testing.assert_array_equal(got[0][1], got[1][1])
+    finally:
+        torch.set_num_threads(torch_before)
+        threads.set_num_threads(table_before)
 
 
 @needs_team
