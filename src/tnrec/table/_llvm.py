@@ -34,6 +34,7 @@ _f32_ptr: Any = _pointer_intrinsic(types.float32)
 _i32_ptr: Any = _pointer_intrinsic(types.int32)
 _i64_ptr: Any = _pointer_intrinsic(types.int64)
 _f64_ptr: Any = _pointer_intrinsic(types.float64)
+_u64_ptr: Any = _pointer_intrinsic(types.uint64)
 
 
 def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]

@@ -648,6 +648,13 @@ class SparseTable(RowAccess):
         kind, hp, dim, width = opt.kind, self._hyper_params(), self.dim, self._state_width
         gen = np.int32(self.generation)
         out, dest = into if into is not None else (_NO_OUT, _NO_DEST)
+        on_team = team.slices(keys.shape[0], keys, out_rows, out, dest)
+        if on_team is not None:
+            code = (init.code(), float(init.param))
+            team.create_rows(
+                on_team, loc, keys, out_rows, seed, code, kind, hp, dim, width, gen, out, dest
+            )
+            return out_rows
         threads.run(
             threads.slices(keys.shape[0]),
             lambda a, b: rows.create_rows(

@@ -6,7 +6,8 @@ runtime keep spinning for a while after each torch operation (libgomp's
 (:func:`tnrec.table.threads.run`) then shares a core with a spinning worker,
 and in two threads it takes longer than in one. The kernels a training
 step runs in several slices -- the pull's lookup and gather
-(:func:`tnrec.table.rows.lookup_gather`), the push's optimizer rule
+(:func:`tnrec.table.rows.lookup_gather`), the new rows' initial values
+(:func:`tnrec.table.rows.create_rows`), the push's optimizer rule
 (:func:`tnrec.table.rows.apply_push`) and the one-key pooling's forward
 (:mod:`tnrec.layers.pooling`) -- therefore run on that very team when they
 can: ``GOMP_parallel`` of the OpenMP runtime torch loaded, with a compiled
@@ -50,13 +51,14 @@ import numpy.typing as npt
 from numba import types
 
 from tnrec.table import rows, threads
-from tnrec.table._llvm import _f32_ptr, _f64_ptr, _fetch_add, _i32_ptr, _i64_ptr
+from tnrec.table._llvm import _f32_ptr, _f64_ptr, _fetch_add, _i32_ptr, _i64_ptr, _u64_ptr
 
 __all__ = [
     "HEAD",
     "Body",
     "address",
     "apply_push",
+    "create_rows",
     "lookup_gather",
     "MIN_SLICE",
     "next_slice",
@@ -156,8 +158,34 @@ def _apply_push_body(addr: int) -> None:  # pragma: no cover - compiled
         )  # fmt: skip
 
 
+def _create_rows_body(addr: int) -> None:  # pragma: no cover - compiled
+    b = _i64_ptr(addr)
+    P = b[1]
+    a = HEAD + 2 * P
+    bases = nb.carray(_i64_ptr(b[a]), (b[a + 1],))
+    stride, shift, lmask, n, D, S = b[a + 2], b[a + 3], b[a + 4], b[a + 5], b[a + 6], b[a + 7]
+    keys = nb.carray(_i64_ptr(b[a + 8]), (n,))
+    made = nb.carray(_i32_ptr(b[a + 9]), (n,))
+    seed = _u64_ptr(b[a + 10])[0]
+    init_kind, init_param = b[a + 11], _f64_ptr(b[a + 12])[0]
+    kind, gen = b[a + 13], np.int32(b[a + 14])
+    hp = nb.carray(_f64_ptr(b[a + 15]), (b[a + 16],))
+    out = nb.carray(_f32_ptr(b[a + 17]), (b[a + 18], b[a + 19]))
+    dest = nb.carray(_i64_ptr(b[a + 20]), (b[a + 21],))
+    while True:
+        p = next_slice(addr)
+        if p >= P:
+            return
+        lo, hi = b[2 + p], b[3 + p]
+        rows.create_rows(
+            bases, stride, shift, lmask, keys[lo:hi], made[lo:hi], seed, init_kind,
+            init_param, kind, hp, D, S, gen, out, dest[lo:hi],
+        )  # fmt: skip
+
+
 _LOOKUP_GATHER = Body(_lookup_gather_body)
 _APPLY_PUSH = Body(_apply_push_body)
+_CREATE_ROWS = Body(_create_rows_body)
 
 
 class _Team:
@@ -345,3 +373,41 @@ def apply_push(
         address(show, np.float32, 1), address(click, np.float32, 1),
     ]  # fmt: skip
     run(_APPLY_PUSH, parts, args)
+
+
+def create_rows(
+    parts: Sequence[tuple[int, int]],
+    loc: tuple[np.ndarray, int, int, int],
+    keys: np.ndarray,
+    made: np.ndarray,
+    seed: np.uint64,
+    init: tuple[int, float],
+    kind: int,
+    hp: np.ndarray,
+    D: int,
+    S: int,
+    gen: int | np.int32,
+    out: np.ndarray,
+    dest: np.ndarray,
+) -> None:
+    """:func:`tnrec.table.rows.create_rows` over ``parts`` on the team (``init``: the
+    initializer's code and parameter; ``dest`` empty, or one row of ``out`` a key)."""
+    bases, stride, shift, lmask = loc
+    _same_rows(keys, made)
+    if dest.shape[0] and dest.shape[0] != keys.shape[0]:
+        raise RuntimeError(
+            f"internal error: a team kernel got {dest.shape[0]} output rows "
+            f"for {keys.shape[0]} keys"
+        )
+    seed_at = np.array([seed], np.uint64)  # the body reads both through their addresses
+    param_at = np.array([init[1]], np.float64)
+    args = [
+        address(bases, np.int64, 1), bases.shape[0],
+        stride, shift, lmask, keys.shape[0], D, S,
+        address(keys, np.int64, 1), address(made, np.int32, 1),
+        address(seed_at, np.uint64, 1), init[0], address(param_at, np.float64, 1),
+        kind, int(gen), address(hp, np.float64, 1), hp.shape[0],
+        address(out, np.float32, 2), out.shape[0], out.shape[1],
+        address(dest, np.int64, 1), dest.shape[0],
+    ]  # fmt: skip
+    run(_CREATE_ROWS, parts, args)

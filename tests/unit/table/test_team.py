@@ -180,5 +180,12 @@ def test_misfitting_arrays_and_slices_are_internal_errors():
     keys, found = np.zeros(10, np.int64), np.zeros(10, np.int32)
     with pytest.raises(RuntimeError, match=r"\[10, 10, 9\] rows"):
         team.lookup_gather([(0, 5), (5, 10)], slots, loc, keys, found, np.zeros((9, 2), np.float32))
+    hp = np.zeros(1, np.float64)
+    out = np.zeros((10, 2), np.float32)
+    with pytest.raises(RuntimeError, match="got 9 output rows for 10 keys"):
+        team.create_rows(
+            [(0, 5), (5, 10)], loc, keys, found, np.uint64(1), (0, 0.1), 0, hp, 2, 0, 0, out,
+            np.zeros(9, np.int64),
+        )  # fmt: skip
     with pytest.raises(RuntimeError, match="must follow each other"):
         team.run(team._LOOKUP_GATHER, [(0, 4), (5, 10)], [])
