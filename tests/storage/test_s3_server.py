@@ -102,7 +102,7 @@ def test_pyarrow_retries_a_503_on_get_by_itself(s3, max_attempts, gets):
     fs = s3.fs(max_attempts=max_attempts)
     if max_attempts == 1:
         # The AWS SDK names the 503 by the error body's code when it has read it
-        # (SLOW_DOWN) and by the HTTP status otherwise (SERVICE_UNAVAILABLE); CI has seen both.
+        # (SLOW_DOWN) and by the HTTP status otherwise (SERVICE_UNAVAILABLE): both occur.
         with pytest.raises(OSError, match="(SERVICE_UNAVAILABLE|SLOW_DOWN) during GetObject"):
             _read(fs, f"{s3.bucket}/obj")
     else:

@@ -373,8 +373,8 @@ class PoolOneKey(torch.autograd.Function):
         D = E.shape[1]
         out = torch.empty((batch_size, columns * D), dtype=torch.float32)
         rows, flat = E.detach().numpy(), out.numpy().reshape(-1)
-        parts = team.slices(ids.shape[0], rows, ids)
-        if flat.shape[0] >= TEAM_MIN_VALUES and parts is not None:
+        parts = team.slices(ids.shape[0], rows, ids) if flat.shape[0] >= TEAM_MIN_VALUES else None
+        if parts is not None:
             _one_key_forward_on_team(parts, rows, ids, flat)
         else:
             _one_key_forward(rows, ids, flat)

@@ -115,13 +115,21 @@ _made: list[Body] = []
 _lock = threading.Lock()
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _loc_at(addr: int, at: int) -> Any:  # pragma: no cover - compiled
+    """The row chunks' location ``(bases, stride, shift, lmask)`` that the block at ``addr``
+    holds from ``block[at]`` on (written by :func:`_loc_args`)."""
+    b = _i64_ptr(addr)
+    return nb.carray(_i64_ptr(b[at]), (b[at + 1],)), b[at + 2], b[at + 3], b[at + 4]
+
+
 def _lookup_gather_body(addr: int) -> None:  # pragma: no cover - compiled
     b = _i64_ptr(addr)
     P = b[1]
     a = HEAD + 2 * P
     slots = nb.carray(_i32_ptr(b[a]), (b[a + 1], 3))
-    bases = nb.carray(_i64_ptr(b[a + 2]), (b[a + 3],))
-    stride, shift, lmask, n, D = b[a + 4], b[a + 5], b[a + 6], b[a + 7], b[a + 8]
+    bases, stride, shift, lmask = _loc_at(addr, a + 2)
+    n, D = b[a + 7], b[a + 8]
     keys = nb.carray(_i64_ptr(b[a + 9]), (n,))
     found = nb.carray(_i32_ptr(b[a + 10]), (n,))
     out = nb.carray(_f32_ptr(b[a + 11]), (n, D))
@@ -139,9 +147,8 @@ def _apply_push_body(addr: int) -> None:  # pragma: no cover - compiled
     b = _i64_ptr(addr)
     P = b[1]
     a = HEAD + 2 * P
-    bases = nb.carray(_i64_ptr(b[a]), (b[a + 1],))
-    stride, shift, lmask, n, D = b[a + 2], b[a + 3], b[a + 4], b[a + 5], b[a + 6]
-    S, kind, gen = b[a + 7], b[a + 8], np.int32(b[a + 9])
+    bases, stride, shift, lmask = _loc_at(addr, a)
+    n, D, S, kind, gen = b[a + 5], b[a + 6], b[a + 7], b[a + 8], np.int32(b[a + 9])
     hp = nb.carray(_f64_ptr(b[a + 10]), (b[a + 11],))
     found = nb.carray(_i32_ptr(b[a + 12]), (n,))
     grads = nb.carray(_f32_ptr(b[a + 13]), (n, D))
@@ -162,8 +169,8 @@ def _create_rows_body(addr: int) -> None:  # pragma: no cover - compiled
     b = _i64_ptr(addr)
     P = b[1]
     a = HEAD + 2 * P
-    bases = nb.carray(_i64_ptr(b[a]), (b[a + 1],))
-    stride, shift, lmask, n, D, S = b[a + 2], b[a + 3], b[a + 4], b[a + 5], b[a + 6], b[a + 7]
+    bases, stride, shift, lmask = _loc_at(addr, a)
+    n, D, S = b[a + 5], b[a + 6], b[a + 7]
     keys = nb.carray(_i64_ptr(b[a + 8]), (n,))
     made = nb.carray(_i32_ptr(b[a + 9]), (n,))
     seed = _u64_ptr(b[a + 10])[0]
@@ -329,6 +336,12 @@ def _same_rows(*arrays: np.ndarray) -> None:
         )
 
 
+def _loc_args(loc: tuple[np.ndarray, int, int, int]) -> list[int]:
+    """The block's entries for the row chunks' location ``loc`` (read by :func:`_loc_at`)."""
+    bases, stride, shift, lmask = loc
+    return [address(bases, np.int64, 1), bases.shape[0], stride, shift, lmask]
+
+
 def lookup_gather(
     parts: Sequence[tuple[int, int]],
     slots: np.ndarray,
@@ -339,12 +352,9 @@ def lookup_gather(
 ) -> int:
     """:func:`tnrec.table.rows.lookup_gather` over ``parts`` on the team; return the
     keys absent from the index."""
-    bases, stride, shift, lmask = loc
     _same_rows(keys, found, out)
     args = [
-        address(slots, np.int32, 2), slots.shape[0],
-        address(bases, np.int64, 1), bases.shape[0],
-        stride, shift, lmask, keys.shape[0], out.shape[1],
+        address(slots, np.int32, 2), slots.shape[0], *_loc_args(loc), keys.shape[0], out.shape[1],
         address(keys, np.int64, 1), address(found, np.int32, 1), address(out, np.float32, 2),
     ]  # fmt: skip
     return int(run(_LOOKUP_GATHER, parts, args).sum())
@@ -363,11 +373,9 @@ def apply_push(
     gen: int | np.int32,
 ) -> None:
     """:func:`tnrec.table.rows.apply_push` over ``parts`` on the team."""
-    bases, stride, shift, lmask = loc
     _same_rows(found, grads, show, click)
     args = [
-        address(bases, np.int64, 1), bases.shape[0],
-        stride, shift, lmask, found.shape[0], grads.shape[1], S, kind, int(gen),
+        *_loc_args(loc), found.shape[0], grads.shape[1], S, kind, int(gen),
         address(hp, np.float64, 1), hp.shape[0],
         address(found, np.int32, 1), address(grads, np.float32, 2),
         address(show, np.float32, 1), address(click, np.float32, 1),
@@ -392,7 +400,6 @@ def create_rows(
 ) -> None:
     """:func:`tnrec.table.rows.create_rows` over ``parts`` on the team (``init``: the
     initializer's code and parameter; ``dest`` empty, or one row of ``out`` a key)."""
-    bases, stride, shift, lmask = loc
     _same_rows(keys, made)
     if dest.shape[0] and dest.shape[0] != keys.shape[0]:
         raise RuntimeError(
@@ -402,8 +409,7 @@ def create_rows(
     seed_at = np.array([seed], np.uint64)  # the body reads both through their addresses
     param_at = np.array([init[1]], np.float64)
     args = [
-        address(bases, np.int64, 1), bases.shape[0],
-        stride, shift, lmask, keys.shape[0], D, S,
+        *_loc_args(loc), keys.shape[0], D, S,
         address(keys, np.int64, 1), address(made, np.int32, 1),
         address(seed_at, np.uint64, 1), init[0], address(param_at, np.float64, 1),
         kind, int(gen), address(hp, np.float64, 1), hp.shape[0],
