@@ -182,6 +182,13 @@ class TrainingSteps(TrainingLoops):
         labels and weights go to the outputs' device; the predictions come back
         to the host.
         """
+        return self._loss_terms(batch, outputs, norm, predictions=True)
+
+    def _loss_terms(
+        self, batch: Batch, outputs: Any, norm: float | None, predictions: bool
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`compute_loss`; with ``predictions=False`` the heads' predictions are not
+        computed (the dict comes back empty)."""
         w = batch.weights
         rows_weight = float(w.sum()) if w is not None else float(batch.size)
         if norm is None:
@@ -201,11 +208,14 @@ class TrainingSteps(TrainingLoops):
             if wt is not None:
                 per_row = per_row * wt
             summed = per_row.sum()
-            term = h.weight * summed / max(norm, 1e-12)
+            # a weight of 1 multiplies nothing: the same bits, one autograd op fewer
+            term = summed if h.weight == 1.0 else h.weight * summed
+            term = term / max(norm, 1e-12)
             task_losses.append(term)
             total = term if total is None else total + term
             weighted_sum += h.weight * float(summed.detach())
-            preds[h.name] = to_host(h.to_prediction(out.detach()))
+            if predictions:
+                preds[h.name] = to_host(h.to_prediction(out.detach()))
         state = self._loss_state  # [sum of w * loss, sum of w], added to in place
         state[0] += weighted_sum
         state[1] += rows_weight
@@ -338,7 +348,12 @@ class TrainingSteps(TrainingLoops):
             raise ArgumentError("Model.train_step: call model.compile(...) first.")
         step = self.pull(batch)
         outputs = self(batch)
-        loss, preds = self.compute_loss(batch, outputs, norm=weight)
+        if type(self).compute_loss is TrainingSteps.compute_loss:
+            # the step reads the predictions only for its metrics
+            need = any(h.metrics for h in self._heads)
+            loss, preds = self._loss_terms(batch, outputs, weight, predictions=need)
+        else:  # an override point: called as it is
+            loss, preds = self.compute_loss(batch, outputs, norm=weight)
         _zero_grads(opt)
         params = [p for p in self.parameters() if p.requires_grad]
         task_grads = self._task_gradients(params) if self.pcgrad else None

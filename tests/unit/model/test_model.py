@@ -85,6 +85,30 @@ def test_train_step_override_runs_under_fit(batches):
     assert m.seen == 2 * 5 * 16
 
 
+def test_train_step_trains_on_an_overridden_compute_loss(batches):
+    class Flipped(Small):
+        calls = 0
+
+        def compute_loss(self, batch, outputs, norm=None):
+            self.calls += 1
+            loss, preds = super().compute_loss(batch, outputs, norm)
+            return 2.0 * loss, {k: 1 - p for k, p in preds.items()}
+
+    data = batches(6, 32, seed=3)
+    models = []
+    for cls, lr in ((Small, 0.2), (Flipped, 0.1)):  # twice the loss at half the rate
+        torch.manual_seed(0)
+        m = cls()
+        m.compile(torch.optim.SGD(m.parameters(), lr=lr), metrics=["auc"])
+        models.append((m, m.fit(data, verbose=0).history))
+    (plain, hp), (flipped, hf) = models
+    assert flipped.calls == 6  # train_step called the override, and trained on its loss ...
+    for a, b in zip(plain.out.parameters(), flipped.out.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # ... and its metrics read the override's predictions
+    assert hf["auc"][0] == pytest.approx(1 - hp["auc"][0], abs=1e-3)
+
+
 def test_callbacks_progress_lines_and_stop_training(batches):
     events = []
 
