@@ -48,6 +48,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from tnrec._numeric import dot
 from tnrec.errors import ArgumentError
 
 __all__ = [
@@ -152,7 +153,7 @@ def _check_inputs(
 
 def _weighted_sum(values: Float64Array, w: Float64Array | None) -> float:
     """Return Σ w·values (Σ values when ``w`` is None)."""
-    return float(values.sum() if w is None else values @ w)
+    return float(values.sum()) if w is None else dot(values, w)
 
 
 def _auc_from_histograms(neg: Float64Array, pos: Float64Array) -> float:
@@ -170,7 +171,7 @@ def _auc_from_histograms(neg: Float64Array, pos: Float64Array) -> float:
     if total_neg <= 0.0 or total_pos <= 0.0:
         return float("nan")
     neg_below = np.cumsum(neg) - neg  # negatives in strictly lower groups
-    wins = float(pos @ (neg_below + 0.5 * neg))
+    wins = dot(pos, neg_below + 0.5 * neg)
     return wins / (total_pos * total_neg)
 
 

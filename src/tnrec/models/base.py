@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tnrec import metrics as metrics_lib
+from tnrec._numeric import dot
 from tnrec.errors import ArgumentError
 from tnrec.feature_column import (
     BucketizedColumn,
@@ -242,7 +243,7 @@ class ZooModel(Model):
             else np.ones_like(y)
         )
         # sums over every worker's rows: W workers start from the bias one worker would
-        tot = self.ps.all_reduce_sum(np.array([w @ y, w.sum(), w @ w]))
+        tot = self.ps.all_reduce_sum(np.array([dot(w, y), w.sum(), dot(w, w)]))
         if tot[1] > 0:  # else (no rows, or zero weights) try again on the next step
             self._bias_pending = False
             with torch.no_grad():
