@@ -4,7 +4,7 @@
 wheels), whose worker threads keep spinning for a while after each call.
 Beside torch's threads on every core they take a core away: at 2 threads on
 2 cores, one ``a @ b`` of 81,920 values made the micro model's next 35
-training steps take about 110 ms more in all, one of them 55-75 ms
+training steps take 90-110 ms more in all, one of them 54-75 ms
 (``docs/performance.md``, Two threads and torch's OpenMP workers). What a
 training process computes per step or per progress line -- the metrics, the
 zoo models' initial bias -- sums with :func:`dot` instead.
