@@ -2,6 +2,7 @@
 
     NUMBA_CACHE_DIR=.numba_cache python3 bench/glue_bench.py            # ~10 seconds
     python3 bench/glue_bench.py --threads 1,2 --repeats 3 --strict
+    python3 bench/glue_bench.py --rows 16 --repeats 3 --strict      # the step's fixed part
 
 The micro model of ``compare.py`` (2 columns, dim 16, ``Linear(32, 1)``, Adam,
 batch 4096, every row created before the timing). Three steps run one after
@@ -19,6 +20,9 @@ drift weighs on all three alike), ms a step, median (min-max) over the repeats:
   It trains the same model bit for bit (``tests/unit/test_bench_glue_bench.py``);
 * ``dense only``: the dense part on fixed inputs (``compare.py``'s
   ``DenseImpl``).
+
+``--rows N`` steps on the first ``N`` rows of each batch: at 16 rows the
+kernels cost next to nothing, and what is left is each step's fixed part.
 
 ``train_step - by hand`` is what tnrec's own Python, its checks and its
 bookkeeping cost the step over the kernels and torch calls they wrap. The
@@ -113,8 +117,9 @@ def micro_setup(steps: int, seed: int = 0) -> tuple[list, Any, HandStep, Any]:
     return batches, impls[0].model, HandStep(impls[1].model), DenseImpl("micro", batches[0])
 
 
-def run(threads: int, repeats: int, steps: int) -> dict[str, Any]:
-    """Median ms a step of each line, per repeat, at ``threads`` torch threads."""
+def run(threads: int, repeats: int, steps: int, rows: int = 4096) -> dict[str, Any]:
+    """Median ms a step of each line, per repeat, at ``threads`` torch threads, on the
+    first ``rows`` rows of each batch."""
     import torch
 
     from tnrec.table.warmup import warm
@@ -122,6 +127,7 @@ def run(threads: int, repeats: int, steps: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     warm()
     batches, model, hand, dense = micro_setup(steps)
+    batches = [b.slice(0, min(rows, b.size)) for b in batches]
     runners = [model.train_step, hand, dense.train_step]
     for b in batches[:5]:  # untimed: every path's first calls
         for fn in runners:
@@ -144,11 +150,16 @@ def run(threads: int, repeats: int, steps: int) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_args(p, "batches of 4096 a repeat")
+    p.add_argument(
+        "--rows", type=int, default=4096, help="rows of each batch stepped on (default all 4096)"
+    )
     a = p.parse_args()
+    if not 1 <= a.rows <= 4096:
+        p.error(f"--rows must be in [1, 4096]; got {a.rows}")
     counts = [int(t) for t in a.threads.split(",")]
-    results = {t: run(t, a.repeats, a.steps) for t in counts}
+    results = {t: run(t, a.repeats, a.steps, a.rows) for t in counts}
     notes = check_runs([(f"threads {t}", r["state"]) for t, r in results.items()], a.strict)
-    print(f"machine: {cpu_line()}; {a.steps} batches of 4096, {a.repeats} repeats")
+    print(f"machine: {cpu_line()}; {a.steps} batches of {a.rows}, {a.repeats} repeats")
     print("ms a step, median (min-max) over the repeats; micro model, rows exist")
     rows = [(line, {t: r["times"][line] for t, r in results.items()}) for line in LINES]
     glue = {

@@ -4,6 +4,7 @@ run prints every line."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tests.unit.bench_script import row_ms, run_bench
@@ -35,3 +36,12 @@ def test_a_short_run_prints_every_line():
         assert 0 < row_ms(lines, name) < 10_000, name
     assert -10_000 < row_ms(lines, "train_step - by hand") < 10_000
     assert any(line.startswith("threads 1: load ") for line in lines)
+
+
+def test_rows_steps_on_the_first_rows_of_each_batch_and_is_checked():
+    lines = run_bench("glue_bench.py", "--steps", "3", "--repeats", "1", "--rows", "16")
+    assert any("3 batches of 16" in line for line in lines)
+    for name in LINES:
+        assert 0 < row_ms(lines, name) < 10_000, name
+    with pytest.raises(AssertionError, match=r"--rows must be in \[1, 4096\]; got 0"):
+        run_bench("glue_bench.py", "--rows", "0")
