@@ -3,9 +3,9 @@
 ``a @ b`` on two float64 vectors goes to NumPy's BLAS (OpenBLAS in the
 wheels), whose worker threads keep spinning for a while after each call.
 Beside torch's threads on every core they take a core away: at 2 threads on
-2 cores, one ``a @ b`` of 81,920 values made the micro model's next 35
-training steps take 90-110 ms more in all, one of them 54-75 ms
-(``docs/performance.md``, Two threads and torch's OpenMP workers). What a
+2 cores, a ``@`` of the AUC histogram's length after every fifth step took
+the micro model's median step from 3.2 to 7.3 ms (``bench/blas_bench.py``;
+``docs/performance.md``, Two threads and torch's OpenMP workers). What a
 training process computes per step or per progress line -- the metrics, the
 zoo models' initial bias -- sums with :func:`dot` instead.
 """
