@@ -1,4 +1,5 @@
-"""Single parts of a step, timed alone: the initializer, dense Adam, the concat pooling.
+"""Single parts of a step, timed alone: the initializer, dense Adam, a creating pull, the
+concat pooling.
 
     NUMBA_CACHE_DIR=.numba_cache python3 bench/parts_bench.py      # ~30 seconds
     python3 bench/parts_bench.py --strict
@@ -9,6 +10,11 @@
   and on the micro model's ``Linear(32, 1)``, gradients set, the default
   implementation against ``fused=True`` (what ``tn.optimizer.Adam`` builds),
   median of 50 steps, 1 torch thread;
+* **creating pull**: pulls of 8,192 new keys (a first epoch's micro step) into
+  a table of dim 16 holding 1M keys, each right after a torch matrix product,
+  at 2 torch threads, alternating the default (the lookups, the inserts by
+  region and the new rows on torch's OpenMP team, :mod:`tnrec.table.team`) with
+  ``TNREC_TABLE_TEAM=0`` (the table's Python threads), µs, median of 60 each;
 * **pooling**: a DeepFM-shaped ``output="concat"`` layer (26 columns, 4096
   rows, one key or none a bag, 24k unique keys) at D = 16 and D = 1, forward
   and backward, by the general kernels and by the one-key kernels
@@ -58,6 +64,41 @@ def adam_ms(shapes: list[tuple[int, ...]], fused: bool) -> float:
     for _ in range(5):
         opt.step()
     return _median_s(opt.step, 50) * 1e3
+
+
+def creating_pull_us(pulls: int = 60, keys: int = 8192) -> dict[str, float]:
+    """Median µs of a creating pull of ``keys`` new keys at 2 torch threads, on the team
+    (the default) and on the Python threads (``TNREC_TABLE_TEAM=0``), alternating."""
+    import os
+
+    from tnrec.table import AdaGrad, SparseTable
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    t = SparseTable(16, AdaGrad(0.05), name="parts")
+    t.pull_unchecked(np.arange(1_000_000, dtype=np.int64), True)
+    a = torch.randn(256, 256)
+    times: dict[str, list[float]] = {"on torch's team": [], "on the Python threads": []}
+    env = os.environ.get("TNREC_TABLE_TEAM")
+    try:
+        for i in range(2 * pulls):
+            line = list(times)[i % 2]
+            if line == "on the Python threads":
+                os.environ["TNREC_TABLE_TEAM"] = "0"
+            else:
+                os.environ.pop("TNREC_TABLE_TEAM", None)
+            k = np.arange(keys, dtype=np.int64) + (1_000_000 + i * keys)
+            (a @ a).sum()  # torch's workers now spin, as after a step's dense part
+            t0 = time.perf_counter()
+            t.pull_unchecked(k, True)
+            times[line].append(time.perf_counter() - t0)
+    finally:
+        if env is None:
+            os.environ.pop("TNREC_TABLE_TEAM", None)
+        else:
+            os.environ["TNREC_TABLE_TEAM"] = env
+        torch.set_num_threads(before)
+    return {line: 1e6 * float(np.median(ts[2:])) for line, ts in times.items()}
 
 
 def pooling_ms(dim: int, cold: bool) -> dict[str, float]:
@@ -118,12 +159,17 @@ def main() -> int:
         rows = [(name, adam_ms(s, False), adam_ms(s, True)) for name, s in (
             ("DeepFM MLP", deepfm), ("micro Linear(32, 1)", micro))]  # fmt: skip
         pools = {(d, cold): pooling_ms(d, cold) for d in (16, 1) for cold in (False, True)}
+        creating = creating_pull_us()
     notes = check_runs([("parts_bench", watch.state)], a.strict)
     print(f"machine: {watch.state.summary()}")
     print(f"normal initializer, dim 16, 1M keys: {init:.1f} ns a key ({init / 16:.1f} an element)")
     print(f"{'Adam step, 1 thread':22s} {'default ms':>10s} {'fused ms':>9s}")
     for name, default, fused in rows:
         print(f"{name:22s} {default:10.3f} {fused:9.3f}")
+    print()
+    print("creating pull, 8,192 new keys, dim 16, 1M keys held, 2 torch threads, µs")
+    for line, us in creating.items():
+        print(f"{line:22s} {us:10.1f}")
     print()
     print("concat pooling, 26 columns x 4096 rows, one key or none a bag, ms")
     print(f"{'':20s}" + "".join(f"{f'D={d} {c}':>12s}" for d in (16, 1) for c in ("hot", "cold")))

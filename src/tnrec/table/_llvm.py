@@ -1,8 +1,8 @@
 """Pointer and prefetch intrinsics for the table kernels (LLVM IR through numba).
 
-``_f32_ptr(addr)``, ``_f64_ptr``, ``_i32_ptr`` and ``_i64_ptr`` turn an int64
-address into a typed pointer that numba indexes like an array (``p[j]``)
-without building an array struct; ``_prefetch_r`` / ``_prefetch_w`` emit
+``_f32_ptr(addr)``, ``_f64_ptr``, ``_i32_ptr``, ``_i64_ptr``, ``_u64_ptr`` and
+``_u8_ptr`` turn an int64 address into a typed pointer that numba indexes like
+an array (``p[j]``) without building an array struct; ``_prefetch_r`` / ``_prefetch_w`` emit
 ``llvm.prefetch`` for a read or a write of the cache line at an address;
 ``_fetch_add(addr, v)`` adds to an int64 in memory atomically.
 """
@@ -35,6 +35,7 @@ _i32_ptr: Any = _pointer_intrinsic(types.int32)
 _i64_ptr: Any = _pointer_intrinsic(types.int64)
 _f64_ptr: Any = _pointer_intrinsic(types.float64)
 _u64_ptr: Any = _pointer_intrinsic(types.uint64)
+_u8_ptr: Any = _pointer_intrinsic(types.uint8)
 
 
 def _prefetch_codegen(write: int):  # type: ignore[no-untyped-def]

@@ -423,11 +423,11 @@ class SparseTable(RowAccess):
         self, keys: Keys, out: npt.NDArray[np.float32], checked: bool
     ) -> npt.NDArray[np.int32] | None:
         """Pull ``keys`` creating the absent ones in one pass over the index: each key is
-        found or inserted by region on the table's threads
-        (:func:`index.find_or_insert_regions`), instead of a lookup of every key and then
-        a second probe of the absent ones. Writes the weights to ``out`` and returns the
-        rows: the rows a lookup and then an insert of the absent keys give (the new keys
-        get ``next_row, next_row + 1, ...`` in key order).
+        found or inserted by region (:func:`index.find_or_insert_regions`, on torch's
+        OpenMP team or the table's threads, :meth:`_by_region`), instead of a lookup of
+        every key and then a second probe of the absent ones. Writes the weights to
+        ``out`` and returns the rows: the rows a lookup and then an insert of the absent
+        keys give (the new keys get ``next_row, next_row + 1, ...`` in key order).
 
         Returns None, with the index holding the keys it held (the room reserved
         for the pull stays), when a key repeats: the caller's two-pass pull then
@@ -441,16 +441,7 @@ class SparseTable(RowAccess):
         slots = self._slots
         rws = np.empty(n, np.int32)
         where = np.empty(n, np.int64)
-        deferred = np.zeros(n, np.bool_)
-        homes, buckets, runs, shift = self._region_runs(keys)
-        dups = sum(
-            threads.run(
-                runs,
-                lambda r0, r1: index.find_or_insert_regions(
-                    slots, keys, homes, r0, r1, shift, first, deferred, rws, where
-                ),
-            )
-        )
+        deferred, dups, buckets = self._by_region(keys, first, rws, where)
         dups += index.find_or_insert_serial(slots, keys, first, deferred, rws, where)
         new = rws < 0
         if dups or (checked and rows.count_row_duplicates(rws, st.bitmap)):  # present repeats
@@ -699,8 +690,9 @@ class SparseTable(RowAccess):
         the index).
 
         The home slots are hashed on the table's threads; the index's 16 fixed
-        regions are cut into runs of about equal keys, one a thread, and each
-        thread inserts the keys of its runs in key order. Keys whose probe would
+        regions are cut into runs of about equal keys, one a thread (of torch's
+        OpenMP team or the table's, :meth:`_by_region`), and each thread inserts
+        the keys of its runs in key order. Keys whose probe would
         leave their region go in afterwards, in one thread. The caller has
         reserved the room (index and rows, none from the free list).
         """
@@ -709,18 +701,8 @@ class SparseTable(RowAccess):
         first = st.next_row
         if st.free_top or self._count + n > index.max_count(self._slots.shape[0]):
             raise RuntimeError("internal error: a region insert needs reserved, never-used rows")
-        slots = self._slots
-        homes, buckets, runs, shift = self._region_runs(keys)
-        deferred = np.zeros(n, np.bool_)
-        dups = sum(
-            threads.run(
-                runs,
-                lambda r0, r1: index.insert_new_regions(
-                    slots, keys, homes, r0, r1, shift, first, deferred
-                ),
-            )
-        )
-        dups += index.insert_new_serial(slots, keys, first, deferred)
+        deferred, dups, buckets = self._by_region(keys, first)
+        dups += index.insert_new_serial(self._slots, keys, first, deferred)
         if dups:
             return None, int(dups)
         self._bucket_rows += buckets
@@ -728,12 +710,47 @@ class SparseTable(RowAccess):
         st.next_row += n
         return np.arange(first, first + n, dtype=np.int32), 0
 
+    def _by_region(
+        self,
+        keys: Keys,
+        first: int,
+        found: npt.NDArray[np.int32] | None = None,
+        where: npt.NDArray[np.int64] | None = None,
+    ) -> tuple[npt.NDArray[np.bool_], int, npt.NDArray[np.int64]]:
+        """Insert ``keys`` by region (:func:`index.insert_new_regions`; given ``found`` and
+        ``where``, find or insert them, :func:`index.find_or_insert_regions`), the runs
+        of regions on torch's OpenMP team where it takes the call
+        (:func:`team.insert_regions`), else on the table's threads. Return the keys
+        deferred to a one-thread insert, the repeats found and the keys a bucket."""
+        slots = self._slots
+        homes, buckets, runs, shift, on_team = self._region_runs(keys)
+        deferred = np.zeros(keys.shape[0], np.bool_)
+        if on_team:
+            dups = team.insert_regions(
+                runs, slots, keys, homes, shift, first, deferred, found, where
+            )
+        else:
+
+            def one_run(r0: int, r1: int) -> int:
+                if found is None or where is None:
+                    return index.insert_new_regions(
+                        slots, keys, homes, r0, r1, shift, first, deferred
+                    )
+                return index.find_or_insert_regions(
+                    slots, keys, homes, r0, r1, shift, first, deferred, found, where
+                )
+
+            dups = sum(threads.run(runs, one_run))
+        return deferred, int(dups), buckets
+
     def _region_runs(
         self, keys: Keys
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[tuple[int, int]], int]:
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[tuple[int, int]], int, bool]:
         """Hash ``keys`` to their home slots on the table's threads; return the homes, the
-        keys a bucket, the runs of regions (one a thread, about equal keys each) and the
-        shift from a slot to its region."""
+        keys a bucket, the runs of regions (one a thread, about equal keys each), the
+        shift from a slot to its region and whether the runs go to torch's OpenMP team
+        (where it takes a call of as many keys, :func:`team.slices`; the runs then
+        follow each other, a run taking the regions without keys after it)."""
         n = keys.shape[0]
         slots = self._slots
         shift = (slots.shape[0] // index.REGIONS).bit_length() - 1
@@ -747,8 +764,15 @@ class SparseTable(RowAccess):
         )
         per_region = buckets.reshape(index.REGIONS, -1).sum(axis=1)
         starts = np.concatenate([[0], np.cumsum(per_region)])
+        on_team = team.slices(n, keys)
+        if on_team is not None:
+            runs = _region_parts(starts, len(on_team))
+            if len(runs) > 1:
+                ends = [a for a, _ in runs[1:]] + [runs[-1][1]]
+                runs = [(a, e) for (a, _), e in zip(runs, ends, strict=True)]
+                return homes, buckets, runs, shift, True
         runs = _region_parts(starts, threads.get_num_threads() if n >= threads.MIN_SLICE else 1)
-        return homes, buckets, runs, shift
+        return homes, buckets, runs, shift, False
 
     def _reserve(self, n: int) -> None:
         """Allocate what ``n`` new keys need (index, row chunks), checking the memory budget
@@ -769,7 +793,8 @@ class SparseTable(RowAccess):
 
     def _grow_index(self, need: int) -> None:
         """Rebuild the index with room for ``need`` keys. A big one is rebuilt region by
-        region on the table's threads (:func:`index.rehash_regions`); the result does not
+        region (:func:`index.rehash_regions`) on torch's OpenMP team where it takes the
+        call (:func:`team.usable`), else on the table's threads; the result does not
         depend on the thread count."""
         cap = index.capacity_for(need)
         new = index.new_index(cap)
@@ -782,14 +807,16 @@ class SparseTable(RowAccess):
             k = threads.get_num_threads()
             runs = [(j * index.REGIONS // k, (j + 1) * index.REGIONS // k) for j in range(k)]
             runs = [(a, b) for a, b in runs if b > a]
-            bufs = [np.empty((b - a) * per, np.int32) for a, b in runs]
-            got = threads.run(
-                [(j, j + 1) for j in range(len(runs))],
-                lambda j, _: index.rehash_regions(old, new, *shifts, *runs[j], bufs[j]),
-            )
-            index.rehash_deferred(
-                old, new, np.concatenate([b[:m] for b, m in zip(bufs, got, strict=True)])
-            )
+            if team.usable(runs, old, new):
+                deferred = team.rehash_regions(runs, old, new, *shifts)
+            else:
+                bufs = [np.empty((b - a) * per, np.int32) for a, b in runs]
+                got = threads.run(
+                    [(j, j + 1) for j in range(len(runs))],
+                    lambda j, _: index.rehash_regions(old, new, *shifts, *runs[j], bufs[j]),
+                )
+                deferred = np.concatenate([b[:m] for b, m in zip(bufs, got, strict=True)])
+            index.rehash_deferred(old, new, deferred)
         self._slots = new
 
     # ------------------------------------------------------------------ push

@@ -8,10 +8,14 @@ and in two threads it takes longer than in one. The kernels a training
 step runs in several slices -- the pull's lookup and gather
 (:func:`tnrec.table.rows.lookup_gather`), the new rows' initial values
 (:func:`tnrec.table.rows.create_rows`), the push's optimizer rule
-(:func:`tnrec.table.rows.apply_push`) and the one-key pooling's forward
-(:mod:`tnrec.layers.pooling`) -- therefore run on that very team when they
-can: ``GOMP_parallel`` of the OpenMP runtime torch loaded, with a compiled
-numba ``cfunc`` (a :class:`Body`) as the team's body. The spinning workers
+(:func:`tnrec.table.rows.apply_push`), the one-key pooling's forward
+(:mod:`tnrec.layers.pooling`), and a creating pull's inserts and index growth
+by region (:func:`tnrec.table.index.insert_new_regions`,
+:func:`~tnrec.table.index.find_or_insert_regions`,
+:func:`~tnrec.table.index.rehash_regions`; a slice is then a run of the
+index's regions) -- therefore run on that very team when they can:
+``GOMP_parallel`` of the OpenMP runtime torch loaded, with a compiled numba
+``cfunc`` (a :class:`Body`) as the team's body. The spinning workers
 take the slices at once, and no thread of ours competes with them.
 
 The slices are cut as :func:`tnrec.table.threads.slices` cuts them, but
@@ -50,8 +54,16 @@ import numpy as np
 import numpy.typing as npt
 from numba import types
 
-from tnrec.table import rows, threads
-from tnrec.table._llvm import _f32_ptr, _f64_ptr, _fetch_add, _i32_ptr, _i64_ptr, _u64_ptr
+from tnrec.table import index, rows, threads
+from tnrec.table._llvm import (
+    _f32_ptr,
+    _f64_ptr,
+    _fetch_add,
+    _i32_ptr,
+    _i64_ptr,
+    _u8_ptr,
+    _u64_ptr,
+)
 
 __all__ = [
     "HEAD",
@@ -59,9 +71,11 @@ __all__ = [
     "address",
     "apply_push",
     "create_rows",
+    "insert_regions",
     "lookup_gather",
     "MIN_SLICE",
     "next_slice",
+    "rehash_regions",
     "run",
     "slices",
     "usable",
@@ -190,9 +204,58 @@ def _create_rows_body(addr: int) -> None:  # pragma: no cover - compiled
         )  # fmt: skip
 
 
+def _insert_regions_body(addr: int) -> None:  # pragma: no cover - compiled
+    # A slice is a run of the index's regions, [bounds[p], bounds[p + 1]).
+    b = _i64_ptr(addr)
+    P = b[1]
+    a = HEAD + 2 * P
+    slots = nb.carray(_i32_ptr(b[a]), (b[a + 1], 3))
+    n, shift, first, track = b[a + 2], b[a + 3], b[a + 4], b[a + 5]
+    keys = nb.carray(_i64_ptr(b[a + 6]), (n,))
+    homes = nb.carray(_i64_ptr(b[a + 7]), (n,))
+    deferred = nb.carray(_u8_ptr(b[a + 8]), (n,))
+    found = nb.carray(_i32_ptr(b[a + 9]), (b[a + 10],))
+    where = nb.carray(_i64_ptr(b[a + 11]), (b[a + 12],))
+    while True:
+        p = next_slice(addr)
+        if p >= P:
+            return
+        r0, r1 = b[2 + p], b[3 + p]
+        if track:
+            b[HEAD + P + p] = index.find_or_insert_regions(
+                slots, keys, homes, r0, r1, shift, first, deferred, found, where
+            )
+        else:
+            b[HEAD + P + p] = index.insert_new_regions(
+                slots, keys, homes, r0, r1, shift, first, deferred
+            )
+
+
+def _rehash_regions_body(addr: int) -> None:  # pragma: no cover - compiled
+    # A slice is a run of the old index's regions; region r's deferred slots go to
+    # deferred[r << old_shift ...], so that runs never share an element.
+    b = _i64_ptr(addr)
+    P = b[1]
+    a = HEAD + 2 * P
+    old = nb.carray(_i32_ptr(b[a]), (b[a + 1], 3))
+    new = nb.carray(_i32_ptr(b[a + 2]), (b[a + 3], 3))
+    old_shift, new_shift = b[a + 4], b[a + 5]
+    deferred = nb.carray(_i32_ptr(b[a + 6]), (b[a + 1],))
+    while True:
+        p = next_slice(addr)
+        if p >= P:
+            return
+        r0, r1 = b[2 + p], b[3 + p]
+        b[HEAD + P + p] = index.rehash_regions(
+            old, new, old_shift, new_shift, r0, r1, deferred[r0 << old_shift : r1 << old_shift]
+        )
+
+
 _LOOKUP_GATHER = Body(_lookup_gather_body)
 _APPLY_PUSH = Body(_apply_push_body)
 _CREATE_ROWS = Body(_create_rows_body)
+_INSERT_REGIONS = Body(_insert_regions_body)
+_REHASH_REGIONS = Body(_rehash_regions_body)
 
 
 class _Team:
@@ -417,3 +480,53 @@ def create_rows(
         address(dest, np.int64, 1), dest.shape[0],
     ]  # fmt: skip
     run(_CREATE_ROWS, parts, args)
+
+
+def insert_regions(
+    runs: Sequence[tuple[int, int]],
+    slots: np.ndarray,
+    keys: np.ndarray,
+    homes: np.ndarray,
+    shift: int,
+    first: int,
+    deferred: np.ndarray,
+    found: np.ndarray | None = None,
+    where: np.ndarray | None = None,
+) -> int:
+    """:func:`tnrec.table.index.insert_new_regions` (or, given ``found`` and ``where``,
+    :func:`~tnrec.table.index.find_or_insert_regions`) over ``runs`` of the index's
+    regions on the team, one run a slice (the runs must follow each other; a run
+    without keys costs nothing); return the repeats found."""
+    _same_rows(keys, homes, deferred)
+    track = found is not None and where is not None
+    f = found if found is not None and track else np.empty(0, np.int32)
+    w = where if where is not None and track else np.empty(0, np.int64)
+    if track:
+        _same_rows(keys, f, w)
+    args = [
+        address(slots, np.int32, 2), slots.shape[0], keys.shape[0], shift, first, int(track),
+        address(keys, np.int64, 1), address(homes, np.int64, 1),
+        address(deferred.view(np.uint8), np.uint8, 1),
+        address(f, np.int32, 1), f.shape[0], address(w, np.int64, 1), w.shape[0],
+    ]  # fmt: skip
+    return int(run(_INSERT_REGIONS, runs, args).sum())
+
+
+def rehash_regions(
+    runs: Sequence[tuple[int, int]],
+    old: np.ndarray,
+    new: np.ndarray,
+    old_shift: int,
+    new_shift: int,
+) -> npt.NDArray[np.int32]:
+    """:func:`tnrec.table.index.rehash_regions` over ``runs`` of the old index's regions on
+    the team, one run a slice; return the deferred old slots, in slot order (for
+    :func:`~tnrec.table.index.rehash_deferred`)."""
+    deferred = np.empty(old.shape[0], np.int32)
+    args = [
+        address(old, np.int32, 2), old.shape[0], address(new, np.int32, 2), new.shape[0],
+        old_shift, new_shift, address(deferred, np.int32, 1),
+    ]  # fmt: skip
+    got = run(_REHASH_REGIONS, runs, args)
+    starts = [r0 << old_shift for r0, _ in runs]
+    return np.concatenate([deferred[a : a + m] for a, m in zip(starts, got, strict=True)])

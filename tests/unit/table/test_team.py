@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.table.test_region_insert import _mixed_pulls, _occupied, _small_thresholds
 from tests.unit.table.test_threads import _run
 from tnrec.errors import TableKeyError
 from tnrec.table import SGD, AdaGrad, Adam, Ftrl, SparseTable, team, threads
@@ -189,3 +190,69 @@ def test_misfitting_arrays_and_slices_are_internal_errors():
         )  # fmt: skip
     with pytest.raises(RuntimeError, match="must follow each other"):
         team.run(team._LOOKUP_GATHER, [(0, 4), (5, 10)], [])
+
+
+def _counting(monkeypatch, *names):
+    """Count the calls of ``team.<name>`` for each name."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(team, name)
+
+        def counted(*args, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(team, name, counted)
+    return calls
+
+
+@needs_team
+@pytest.mark.parametrize("miss_rate", [2.0, 0.0], ids=["lookup-then-insert", "find-or-insert"])
+def test_region_inserts_and_growth_on_the_team_leave_the_python_threads_table(
+    two_slices, monkeypatch, miss_rate
+):
+    # Pulls of present and new keys that grow the index several times: the new keys
+    # inserted by region (after a lookup, or found or inserted in one pass) and the
+    # index rebuilt by region, on the team and then on the Python threads.
+    calls = _counting(monkeypatch, "insert_regions", "rehash_regions")
+    monkeypatch.setenv("TNREC_TABLE_TEAM", "1")
+    on, pulled_on = _mixed_pulls(monkeypatch, miss_rate)
+    assert calls["insert_regions"] >= 4 and calls["rehash_regions"] >= 2
+    made_on_team = dict(calls)
+    monkeypatch.setenv("TNREC_TABLE_TEAM", "0")
+    off, pulled_off = _mixed_pulls(monkeypatch, miss_rate)
+    assert calls == made_on_team  # the second run kept to the Python threads
+    for a, b in zip(pulled_on, pulled_off, strict=True):
+        np.testing.assert_array_equal(a, b)
+    k_on, r_on = on.records()
+    k_off, r_off = off.records()
+    np.testing.assert_array_equal(k_on, k_off)
+    np.testing.assert_array_equal(r_on, r_off)
+    np.testing.assert_array_equal(on.rows_for(k_on), off.rows_for(k_on))
+    np.testing.assert_array_equal(on.bucket_rows(), off.bucket_rows())
+    np.testing.assert_array_equal(_occupied(on), _occupied(off))  # the same index
+
+
+@needs_team
+def test_a_repeated_new_key_creates_nothing_on_the_team(two_slices, monkeypatch):
+    # The one-pass pull finds the repeat on the team and hands over to the lookup and
+    # the insert by region, which finds it on the team again and refuses the pull.
+    _small_thresholds(monkeypatch, 0.0)
+    calls = _counting(monkeypatch, "insert_regions")
+    monkeypatch.setenv("TNREC_TABLE_TEAM", "1")
+    t = SparseTable(2, AdaGrad(), name="t")
+    old = np.arange(500, dtype=np.int64) * 3
+    t.pull(old)
+    t.reserve(5_000)
+    before, rows_before = _occupied(t), t._store.next_row
+    weights = t.pull(old, create=False)
+    calls["insert_regions"] = 0
+    new = np.arange(2_000, dtype=np.int64) * 3 + 1
+    with pytest.raises(TableKeyError, match=r"pull got 2 duplicate key\(s\) among 2002"):
+        t.pull(np.concatenate([new, new[[0, 1_999]]]))
+    assert calls["insert_regions"] == 2
+    assert len(t) == 500 and t._store.next_row == rows_before
+    np.testing.assert_array_equal(_occupied(t), before)
+    np.testing.assert_array_equal(t.pull(old, create=False), weights)
+    np.testing.assert_array_equal(t.pull(new), t.initial_vectors(new))
+    assert calls["insert_regions"] == 3 and len(t) == 2_500
