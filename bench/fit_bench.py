@@ -10,7 +10,7 @@ row-wise AdaGrad, Adam, batch 4096), the ids written to one Parquet file:
   one-time start-up (the table's and the reader's numba kernels loaded from
   the cache, the reader's first open) is done before it, and the step's
   other kernels (batch layout, de-duplication, show and click, one-key
-  pooling: about 15 ms) load in its first step;
+  pooling) load in its first step;
 * **epoch 2** reads the same file again: every row exists (steady state).
 
 samples/s of an epoch is its rows over its wall time, reading, hashing and
