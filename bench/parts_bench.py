@@ -27,6 +27,7 @@ The machine's state is recorded around the whole run (``machine_state.py``).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
@@ -69,8 +70,6 @@ def adam_ms(shapes: list[tuple[int, ...]], fused: bool) -> float:
 def creating_pull_us(pulls: int = 60, keys: int = 8192) -> dict[str, float]:
     """Median µs of a creating pull of ``keys`` new keys at 2 torch threads, on the team
     (the default) and on the Python threads (``TNREC_TABLE_TEAM=0``), alternating."""
-    import os
-
     from tnrec.table import AdaGrad, SparseTable
 
     before = torch.get_num_threads()

@@ -495,8 +495,9 @@ def insert_regions(
 ) -> int:
     """:func:`tnrec.table.index.insert_new_regions` (or, given ``found`` and ``where``,
     :func:`~tnrec.table.index.find_or_insert_regions`) over ``runs`` of the index's
-    regions on the team, one run a slice (the runs must follow each other; a run
-    without keys costs nothing); return the repeats found."""
+    regions on the team, one run a slice; return the repeats found. The runs must
+    follow each other, and each should hold keys: a run reads every key's home
+    to pick its own."""
     _same_rows(keys, homes, deferred)
     track = found is not None and where is not None
     f = found if found is not None and track else np.empty(0, np.int32)
