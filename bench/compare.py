@@ -39,7 +39,10 @@ without TorchRec the other columns run and its row says why it was skipped.
 The split also times tnrec's step against the dense-only step alternating in
 one process: by ``train_step`` over a fresh model's pass and a second pass,
 and the same through ``fit`` (what users run), with its input pipeline (the
-next batch's layouts and de-duplication in the input thread) and without.
+next batch's layouts and de-duplication in the input thread) and without;
+and over a third pass part by part (pull, forward with the loss, backward,
+push, dense optimizer; the dense-only step has no pull and no push), which
+shows where tnrec's time over the dense-only step goes.
 
 This file is the command line and runs each child; the data is drawn in
 ``compare_data.py``, the implementations are in ``compare_impls.py``, one run

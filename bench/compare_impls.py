@@ -15,6 +15,7 @@ imports without them.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -351,8 +352,14 @@ class DenseImpl:
         )
 
     def train_step(self, batch: Any) -> None:
+        self.timed_step(batch)
+
+    def timed_step(self, batch: Any) -> dict[str, float]:
+        """:meth:`train_step`, returning the seconds of its parts: ``forward`` (with
+        the loss), ``backward`` and ``dense_opt``."""
         torch = self.torch
         n = batch.size
+        t0 = time.perf_counter()
         logit = self.head.logit(
             self.flat[:n],
             None if self.wide is None else self.wide[:n],
@@ -360,10 +367,14 @@ class DenseImpl:
         )
         y = torch.from_numpy(batch.labels[:, 0])
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y)
+        t1 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         self.flat.grad = None
         loss.backward()
+        t2 = time.perf_counter()
         self.opt.step()
+        t3 = time.perf_counter()
+        return {"forward": t1 - t0, "backward": t2 - t1, "dense_opt": t3 - t2}
 
     def predict(self, batch: Any) -> np.ndarray:
         return np.full(batch.size, 0.5, np.float32)

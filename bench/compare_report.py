@@ -59,6 +59,24 @@ def _fmt_machine(runs: list[dict]) -> tuple[str, str, str]:
     return busy, f"{others:.2f}", f"{max(s.load1_max for s in states):.1f}"
 
 
+_PARTS_WHAT = (
+    "alternating in one process (the same model, a third pass), ms tnrec / dense-only (excess)"
+)
+
+
+def _fmt_parts(runs: list[dict[str, dict[str, float]]]) -> str:
+    """``part tnrec / dense-only (+excess)`` for every part, medians over the repeats'
+    :func:`compare_run.alternating_parts`; ``-`` where the dense-only step has no such part."""
+    out = []
+    for part in runs[0]["tnrec"]:
+        t, d, e = (
+            float(np.median([r[side][part] for r in runs])) for side in ("tnrec", "dense", "excess")
+        )
+        dense = f"{d:.2f}" if any(r["dense"][part] for r in runs) else "-"
+        out.append(f"{part} {t:.2f} / {dense} ({e:+.2f})")
+    return ", ".join(out)
+
+
 def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> str:
     lines = [
         "samples/s in thousands: median (min-max) of the interleaved repeats; step ms: median "
@@ -132,4 +150,14 @@ def report(results: dict[str, dict[str, list[dict]]], skipped: str | None) -> st
                     f"{np.median([x['tnrec'] for x in alt]):.2f} / "
                     f"{np.median([x['dense'] for x in alt]):.2f}"
                 )
+        parts = [
+            r["alternating_parts_ms"]
+            for r in by_impl.get("tnrec", [])
+            if "alternating_parts_ms" in r
+        ]
+        if parts:
+            lines.append(
+                f"tnrec {model} step over the dense-only step by part, {_PARTS_WHAT}: "
+                + _fmt_parts(parts)
+            )
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 :func:`run_one` trains for one pass, times every step after the warm-up,
 scores the held-out split and reads the process's RSS; with ``--split`` it
-also times tnrec's step part by part and against the dense-only step.
+also times tnrec's step part by part and against the dense-only step, as a
+whole and part by part.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         res["alternating_ms"] = alternating(fresh, dense, train)
         # the same batches again: every key has its row (no row created, no new memory)
         res["alternating_again_ms"] = alternating(fresh, dense, train)
+        # and a third time, part by part: where the step's time over the dense-only goes
+        res["alternating_parts_ms"] = alternating_parts(fresh, dense, train)
         # what users run: fit, with its input pipeline (layouts and de-duplication of
         # the next batch in a background thread) and without, each a fresh model and then a
         # second pass; the passes in the order on, off, off, on, so a drift of the machine's
@@ -179,38 +182,68 @@ def alternating_fit(
     return _medians(times)
 
 
+#: The parts of a step :func:`tnrec_parts` times, in order; the dense-only step has the
+#: last three (:meth:`compare_impls.DenseImpl.timed_step`).
+PARTS = ("pull", "forward", "backward", "push", "dense_opt")
+
+
+def tnrec_parts(model: Any, batch: Any) -> dict[str, float]:
+    """One training step of ``model`` by the calls of ``Model.train_step`` (without its
+    finiteness checks); return the seconds of each of :data:`PARTS`."""
+    opt = model.optimizer
+    t0 = time.perf_counter()
+    model.pull(batch)
+    t1 = time.perf_counter()
+    loss, _ = model.compute_loss(batch, model(batch), norm=float(batch.size))
+    t2 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    t3 = time.perf_counter()
+    model.push()
+    t4 = time.perf_counter()
+    opt.step()
+    t5 = time.perf_counter()
+    return dict(zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True))
+
+
 def tnrec_split(model: Any, batches: list) -> dict[str, float]:
     """Median ms per part of a tnrec step (the same calls as ``Model.train_step``)."""
     import torch
 
     from tnrec.ps import unique_inverse
 
-    parts: dict[str, list[float]] = {
-        k: [] for k in ("dedup", "pull", "forward", "backward", "push", "dense_opt", "step")
-    }
-    opt = model.optimizer
+    parts: dict[str, list[float]] = {k: [] for k in ("dedup", *PARTS, "step")}
     for b in batches:
         keys = np.concatenate([j.keys for j in b.sparse.values()])
         t0 = time.perf_counter()
         unique_inverse(keys)
-        t1 = time.perf_counter()
-        model.pull(b)
-        t2 = time.perf_counter()
-        loss, _ = model.compute_loss(b, model(b), norm=float(b.size))
-        t3 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        t4 = time.perf_counter()
-        model.push()
-        t5 = time.perf_counter()
-        opt.step()
-        t6 = time.perf_counter()
+        parts["dedup"].append(time.perf_counter() - t0)
+        step = tnrec_parts(model, b)
         torch.set_num_threads(torch.get_num_threads())
-        parts["dedup"].append(t1 - t0)
-        parts["pull"].append(t2 - t1)
-        parts["forward"].append(t3 - t2)
-        parts["backward"].append(t4 - t3)
-        parts["push"].append(t5 - t4)
-        parts["dense_opt"].append(t6 - t5)
-        parts["step"].append(t6 - t1)
+        for k, v in step.items():
+            parts[k].append(v)
+        parts["step"].append(sum(step.values()))
     return {k: 1e3 * float(np.median(v)) for k, v in parts.items()}
+
+
+def alternating_parts(impl: Any, dense: Any, batches: list) -> dict[str, dict[str, float]]:
+    """Median ms of each part of tnrec's step (:func:`tnrec_parts`) and of the dense-only
+    step (``dense.timed_step``), the two run alternately in one process as in
+    :func:`alternating`; where the step's time over the dense-only step goes.
+
+    Returns ``{"tnrec": {part: ms}, "dense": {part: ms}, "excess": {part: ms}}``
+    over :data:`PARTS` and ``"step"`` (the parts' sum); the dense-only step has no
+    pull and no push (0), ``excess`` is tnrec's minus the dense-only's, part by part.
+    """
+    times: dict[str, list[dict[str, float]]] = {"tnrec": [], "dense": []}
+    runners = [("tnrec", lambda b: tnrec_parts(impl.model, b)), ("dense", dense.timed_step)]
+    for i, b in enumerate(batches):
+        for name, run in runners if i % 2 else runners[::-1]:
+            times[name].append(run(b))
+    out: dict[str, dict[str, float]] = {}
+    for name, steps in times.items():
+        med = {k: 1e3 * float(np.median([s.get(k, 0.0) for s in steps[1:]])) for k in PARTS}
+        med["step"] = 1e3 * float(np.median([sum(s.values()) for s in steps[1:]]))
+        out[name] = med
+    out["excess"] = {k: out["tnrec"][k] - out["dense"][k] for k in (*PARTS, "step")}
+    return out

@@ -13,8 +13,9 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 from compare_data import micro_batches  # noqa: E402
-from compare_impls import TnrecImpl  # noqa: E402
-from compare_run import alternating, alternating_fit  # noqa: E402
+from compare_impls import DenseImpl, TnrecImpl  # noqa: E402
+from compare_report import _fmt_parts  # noqa: E402
+from compare_run import PARTS, alternating, alternating_fit, alternating_parts  # noqa: E402
 
 
 class CountingDense:
@@ -77,3 +78,50 @@ def test_alternating_fit_matches_the_train_step_loop_bit_for_bit():
         fitted.model.tables["emb"].pull(keys, create=False),
         stepped.model.tables["emb"].pull(keys, create=False),
     )
+
+
+class TimedDense(CountingDense):
+    """A dense-only runner whose parts take known times: forward 1 ms, backward 2, optimizer 3."""
+
+    def timed_step(self, batch: object) -> dict[str, float]:
+        self.seen.append(id(batch))
+        return {"forward": 1e-3, "backward": 2e-3, "dense_opt": 3e-3}
+
+
+def test_alternating_parts_times_each_part_beside_the_dense_step_and_trains_the_same_bits():
+    train, _, _ = micro_batches("micro", 4, 0)
+    torch.manual_seed(0)
+    parted = TnrecImpl("micro")
+    torch.manual_seed(0)
+    stepped = TnrecImpl("micro")
+    dense = TimedDense()
+    out = alternating_parts(parted, dense, train)
+    alternating(stepped, CountingDense(), train)
+    assert dense.seen == [id(b) for b in train]
+    assert set(out) == {"tnrec", "dense", "excess"}
+    for side in out.values():
+        assert list(side) == [*PARTS, "step"]
+    assert out["dense"] == {"pull": 0.0, "forward": 1.0, "backward": 2.0, "push": 0.0,
+                            "dense_opt": 3.0, "step": 6.0}  # fmt: skip
+    assert all(out["tnrec"][k] > 0 for k in PARTS)
+    for k in (*PARTS, "step"):
+        assert np.isclose(out["excess"][k], out["tnrec"][k] - out["dense"][k])
+    # the parts are the calls of train_step: the table ends as a train_step loop leaves it
+    keys = stepped.model.tables["emb"].keys()
+    np.testing.assert_array_equal(np.sort(parted.model.tables["emb"].keys()), np.sort(keys))
+    np.testing.assert_array_equal(
+        parted.model.tables["emb"].pull(keys, create=False),
+        stepped.model.tables["emb"].pull(keys, create=False),
+    )
+    line = _fmt_parts([out])
+    assert "pull " in line and " / - (+" in line and "forward " in line
+
+
+def test_dense_only_timed_step_returns_its_three_parts_and_steps_the_optimizer():
+    train, _, _ = micro_batches("micro", 2, 0)
+    dense = DenseImpl("micro", train[0])
+    before = [p.detach().clone() for p in dense.head.parameters()]
+    parts = dense.timed_step(train[0])
+    assert list(parts) == ["forward", "backward", "dense_opt"]
+    assert all(v > 0 for v in parts.values())
+    assert any(not torch.equal(a, b) for a, b in zip(before, dense.head.parameters(), strict=True))
