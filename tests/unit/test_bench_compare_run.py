@@ -34,6 +34,24 @@ def _check(out: dict[str, float]) -> None:
     assert np.isclose(out["ratio"], out["tnrec"] / out["dense"])
 
 
+def _twins() -> tuple[TnrecImpl, TnrecImpl]:
+    """Two micro models seeded alike, as run_one seeds them: the same dense layer and table."""
+    torch.manual_seed(0)
+    a = TnrecImpl("micro")
+    torch.manual_seed(0)
+    return a, TnrecImpl("micro")
+
+
+def _same_table(a: TnrecImpl, b: TnrecImpl) -> None:
+    """The two models' tables hold the same keys with the same rows, bit for bit."""
+    keys = b.model.tables["emb"].keys()
+    np.testing.assert_array_equal(np.sort(a.model.tables["emb"].keys()), np.sort(keys))
+    np.testing.assert_array_equal(
+        a.model.tables["emb"].pull(keys, create=False),
+        b.model.tables["emb"].pull(keys, create=False),
+    )
+
+
 def test_alternating_fit_takes_every_step_through_fit_beside_one_dense_step_each():
     train, _, _ = micro_batches("micro", 4, 0)
     impl = TnrecImpl("micro")
@@ -47,37 +65,21 @@ def test_alternating_fit_takes_every_step_through_fit_beside_one_dense_step_each
 
 def test_alternating_fit_without_the_pipeline_trains_the_same_bits_in_the_loop():
     train, _, _ = micro_batches("micro", 3, 0)
-    torch.manual_seed(0)
-    piped = TnrecImpl("micro")
-    torch.manual_seed(0)
-    plain = TnrecImpl("micro")
+    piped, plain = _twins()
     dense = CountingDense()
     _check(alternating_fit(piped.model, CountingDense(), train, pipeline=True))
     _check(alternating_fit(plain.model, dense, train, pipeline=False))
     assert (piped.model.fit_pipelined, plain.model.fit_pipelined) == (True, False)
     assert dense.seen == [id(b) for b in train]
-    keys = np.sort(plain.model.tables["emb"].keys())
-    np.testing.assert_array_equal(np.sort(piped.model.tables["emb"].keys()), keys)
-    np.testing.assert_array_equal(
-        piped.model.tables["emb"].pull(keys, create=False),
-        plain.model.tables["emb"].pull(keys, create=False),
-    )
+    _same_table(piped, plain)
 
 
 def test_alternating_fit_matches_the_train_step_loop_bit_for_bit():
     train, _, _ = micro_batches("micro", 3, 0)
-    torch.manual_seed(0)  # as run_one: the dense layer's and the table's start
-    fitted = TnrecImpl("micro")
-    torch.manual_seed(0)
-    stepped = TnrecImpl("micro")
+    fitted, stepped = _twins()
     alternating_fit(fitted.model, CountingDense(), train)
     alternating(stepped, CountingDense(), train)
-    keys = stepped.model.tables["emb"].keys()
-    np.testing.assert_array_equal(np.sort(fitted.model.tables["emb"].keys()), np.sort(keys))
-    np.testing.assert_array_equal(
-        fitted.model.tables["emb"].pull(keys, create=False),
-        stepped.model.tables["emb"].pull(keys, create=False),
-    )
+    _same_table(fitted, stepped)
 
 
 class TimedDense(CountingDense):
@@ -90,10 +92,7 @@ class TimedDense(CountingDense):
 
 def test_alternating_parts_times_each_part_beside_the_dense_step_and_trains_the_same_bits():
     train, _, _ = micro_batches("micro", 4, 0)
-    torch.manual_seed(0)
-    parted = TnrecImpl("micro")
-    torch.manual_seed(0)
-    stepped = TnrecImpl("micro")
+    parted, stepped = _twins()
     dense = TimedDense()
     out = alternating_parts(parted, dense, train)
     alternating(stepped, CountingDense(), train)
@@ -107,12 +106,7 @@ def test_alternating_parts_times_each_part_beside_the_dense_step_and_trains_the_
     for k in (*PARTS, "step"):
         assert np.isclose(out["excess"][k], out["tnrec"][k] - out["dense"][k])
     # the parts are the calls of train_step: the table ends as a train_step loop leaves it
-    keys = stepped.model.tables["emb"].keys()
-    np.testing.assert_array_equal(np.sort(parted.model.tables["emb"].keys()), np.sort(keys))
-    np.testing.assert_array_equal(
-        parted.model.tables["emb"].pull(keys, create=False),
-        stepped.model.tables["emb"].pull(keys, create=False),
-    )
+    _same_table(parted, stepped)
     line = _fmt_parts([out])
     assert "pull " in line and " / - (+" in line and "forward " in line
 
