@@ -2,7 +2,7 @@
 
 :func:`run_one` trains for one pass, times every step after the warm-up,
 scores the held-out split and reads the process's RSS; with ``--split`` it
-also times tnrec's step part by part and against the dense-only step, as a
+also times tnrec's step part by part, and against the dense-only step as a
 whole and part by part.
 """
 
@@ -232,8 +232,9 @@ def alternating_parts(impl: Any, dense: Any, batches: list) -> dict[str, dict[st
     :func:`alternating`; where the step's time over the dense-only step goes.
 
     Returns ``{"tnrec": {part: ms}, "dense": {part: ms}, "excess": {part: ms}}``
-    over :data:`PARTS` and ``"step"`` (the parts' sum); the dense-only step has no
-    pull and no push (0), ``excess`` is tnrec's minus the dense-only's, part by part.
+    over :data:`PARTS` and ``"step"`` (the median of each step's sum of its parts, so
+    the parts' medians need not add up to it); the dense-only step has no pull and no
+    push (0), ``excess`` is tnrec's minus the dense-only's, part by part.
     """
     times: dict[str, list[dict[str, float]]] = {"tnrec": [], "dense": []}
     runners = [("tnrec", lambda b: tnrec_parts(impl.model, b)), ("dense", dense.timed_step)]
